@@ -1,0 +1,333 @@
+"""GMAX (JITServe §4.2, Algorithm 1): grouped margin goodput maximization, vectorized.
+
+Per request r (only over the table's active slots):
+    t_gen(r)  = len_rem(r) * v_token + remaining prefill / prefill rate   (upper-bound work)
+    t_rem(r)  = time left to r's deadline (latency: to the last token's due time)
+    bw(r)     = t_gen / t_rem                                             (minimum serving bandwidth)
+    priority  = (goodput(r) + delta * frames_waited) / t_gen               (margin goodput density)
+Infeasible requests (t_rem < t_gen: they cannot earn goodput any more) leave the candidate set.
+Candidates are those with priority >= cutoff * (B-th highest priority); sorted by input length, the
+window of B consecutive candidates with the largest summed priority is the batch. Scheduling changes
+only at frame boundaries (Delta steps), and a running request is preempted only when the admitted
+request's gain over the next frame beats the stall the preemption costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jitserve.scheduler.requests import BEST_EFFORT, LATENCY, RequestTable
+
+_EPS = 1e-9
+_HUGE_TBT = 1e9  # stands in for "no TBT": only the first token has a due time
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpeed:
+    """How fast an engine runs now; the engine measures it, the simulator models it.
+
+    Fields may be arrays with one value per analyzed slot (power-of-K dummies on different replicas).
+    """
+
+    step_time: float = 0.05  # seconds per decode step (v_token: per-token time of one request)
+    prefill_tokens_per_s: float = 4000.0  # prompt tokens computed per second
+    swap_bytes_per_s: float = 16e9  # host<->device KV copy rate (swap preemption)
+    kv_bytes_per_token: float = 131072.0  # KV cache bytes per token (model dependent)
+
+    def __post_init__(self) -> None:
+        for name in ("step_time", "prefill_tokens_per_s", "swap_bytes_per_s", "kv_bytes_per_token"):
+            if not np.all(np.asarray(getattr(self, name)) > 0):
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class GMAXParams:
+    batch_size: int = 8  # B: sequences one batch holds
+    cutoff: float = 0.95  # p in (0, 1]
+    starvation_delta: float = 8.0  # goodput tokens added per frame spent waiting (delta)
+    frame_steps: int = 50  # Delta: decode steps per scheduling frame
+    fairness: float = 0.0  # f in [0, 1]
+    preemption: str = "recompute"  # recompute | swap | auto (cheaper of the two) | never
+    oracle: bool = False  # use true lengths instead of upper bounds (oracle JITServe)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+        if not 0 < self.cutoff <= 1:
+            raise ValueError(f"cutoff: must be in (0, 1], got {self.cutoff}")
+        if self.starvation_delta < 0:
+            raise ValueError(f"starvation_delta: must be >= 0, got {self.starvation_delta}")
+        if self.frame_steps < 1:
+            raise ValueError(f"frame_steps: must be >= 1, got {self.frame_steps}")
+        if not 0 <= self.fairness <= 1:
+            raise ValueError(f"fairness: must be in [0, 1], got {self.fairness}")
+        if self.preemption not in ("recompute", "swap", "auto", "never"):
+            raise ValueError(f"preemption: must be recompute, swap, auto or never, got {self.preemption!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """Per-slot quantities for `slots` (same order)."""
+
+    slots: np.ndarray
+    t_gen: np.ndarray
+    t_rem: np.ndarray
+    bw: np.ndarray
+    goodput: np.ndarray  # goodput still achievable if served at full speed from now
+    priority: np.ndarray
+    feasible: np.ndarray
+
+
+def analyze(
+    table: RequestTable,
+    now: float,
+    speed: EngineSpeed,
+    params: GMAXParams,
+    slots: np.ndarray | None = None,
+    tenant_fair: np.ndarray | None = None,
+    queue_delay: float = 0.0,
+) -> Analysis:
+    """Lines 2-8 of Algorithm 1 for every slot at once.
+
+    `queue_delay` shifts the start of service (the router uses it for a replica's expected wait);
+    `tenant_fair[t]` in [0, 1] is Fair(r) for tenant t (higher = more deserving).
+    """
+    if slots is None:
+        slots = table.active_slots()
+    v = speed.step_time
+    start = now + queue_delay
+    generated = table.generated[slots]
+    total = table.true_len[slots] if params.oracle else table.len_ub[slots]
+    if params.oracle:
+        total = np.where(total > 0, total, table.len_ub[slots])
+    total = np.maximum(total, generated + 1)
+    len_rem = (total - generated).astype(np.float64)
+    prefill_rem = np.maximum(table.input_len[slots] + generated - table.computed[slots], 0)
+    prefill_time = prefill_rem / speed.prefill_tokens_per_s
+    t_gen = len_rem * v + prefill_time + _EPS
+
+    slo_type = table.slo_type[slots]
+    is_latency = slo_type == LATENCY
+    input_len = table.input_len[slots].astype(np.float64)
+    w_in, w_out = table.w_in[slots], table.w_out[slots]
+
+    # Deadline, compound, best-effort: all-or-nothing on the (sub-)deadline.
+    t_rem = table.deadline_abs[slots] - start
+    goodput = w_in * input_len + w_out * total + table.program_goodput[slots]
+
+    if is_latency.any():
+        # Token j (0-based) is due at arrival + ttft + j * tbt. Served at full speed from `start`,
+        # token j (j >= generated) finishes at start + prefill + (j - generated + 1) * v.
+        lat = np.flatnonzero(is_latency)
+        a = table.arrival[slots][lat]
+        ttft = table.ttft[slots][lat]
+        tbt = np.minimum(table.tbt[slots][lat], _HUGE_TBT)
+        g = generated[lat].astype(np.float64)
+        n = total[lat].astype(np.float64)
+        x = start + prefill_time[lat] + (1.0 - g) * v - a - ttft  # on time iff j * (tbt - v) >= x
+        slope = tbt - v
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bound = x / slope
+        j_min = np.where(slope > 0, np.ceil(bound - 1e-12), 0.0)
+        j_max = np.where(slope > 0, n - 1, np.floor(bound + 1e-12))
+        # slope <= 0: the stream falls further behind each token, so only an early prefix is on time
+        j_min = np.where((slope <= 0) & (x > 0), n, j_min)
+        lo = np.maximum(g, j_min)
+        hi = np.minimum(n - 1, j_max)
+        on_time = np.clip(hi - lo + 1.0, 0.0, None)
+        goodput[lat] = w_out[lat] * on_time
+        t_rem[lat] = a + ttft + (n - 1) * np.minimum(tbt, 1e6) - start
+
+    is_best_effort = slo_type == BEST_EFFORT
+    # Best-effort work never becomes infeasible: its default deadline only sets its pace.
+    feasible = (goodput > 0) & ((t_rem >= t_gen) | is_best_effort | is_latency)
+    t_rem_pos = np.maximum(t_rem, t_gen)
+    bw = t_gen / t_rem_pos
+
+    waited = table.frames_waited[slots].astype(np.float64)
+    priority = (goodput + params.starvation_delta * waited) / t_gen
+    if params.fairness > 0 and tenant_fair is not None and priority.size:
+        # Priority and Fair(r) live on different scales: mix the normalized priority.
+        scale = float(priority.max()) or 1.0
+        fair = tenant_fair[table.tenant[slots]]
+        priority = (1 - params.fairness) * (priority / scale) + params.fairness * fair
+    return Analysis(slots, t_gen, t_rem, bw, goodput, priority, feasible)
+
+
+def select_group(priority: np.ndarray, input_len: np.ndarray, batch_size: int, cutoff: float) -> np.ndarray:
+    """Lines 16-26 of Algorithm 1: positions (into the given arrays) of the best length window.
+
+    Candidates: priority >= cutoff * (B-th highest priority). Among candidates sorted by input
+    length, the window of B consecutive ones with the largest summed priority wins. Returns all
+    positions when there are at most B requests.
+    """
+    n = priority.size
+    if n <= batch_size:
+        return np.argsort(-priority, kind="stable")
+    bp = np.partition(priority, n - batch_size)[n - batch_size]  # B-th highest
+    candidates = np.flatnonzero(priority >= bp * cutoff)
+    order = candidates[np.argsort(input_len[candidates], kind="stable")]
+    sums = np.convolve(priority[order], np.ones(batch_size), mode="valid")
+    best = int(np.argmax(sums))  # first maximum: ties go to shorter inputs
+    group = order[best : best + batch_size]
+    return group[np.argsort(-priority[group], kind="stable")]
+
+
+def stall_seconds(table: RequestTable, slots: np.ndarray, speed: EngineSpeed, mode: str) -> np.ndarray:
+    """Stall a preemption of `slots` costs: recompute = re-prefill its sequence; swap = KV out and in."""
+    seq = (table.input_len[slots] + table.generated[slots]).astype(np.float64)
+    recompute = seq / speed.prefill_tokens_per_s
+    swap = 2.0 * seq * speed.kv_bytes_per_token / speed.swap_bytes_per_s
+    if mode == "swap":
+        return swap
+    if mode == "auto":
+        return np.minimum(recompute, swap)
+    return recompute
+
+
+@dataclass(frozen=True, slots=True)
+class FramePlan:
+    """One frame's decision. All arrays hold table slots."""
+
+    order: np.ndarray  # every active, unfinished slot, best first: the engine's queue order
+    batch: np.ndarray  # the slots that should run this frame (running ones kept + admitted)
+    preempt: np.ndarray  # running slots to preempt now
+    drop: np.ndarray  # waiting slots past their waiting_time
+    analysis: Analysis | None = field(default=None, compare=False)
+
+
+def expired(table: RequestTable, now: float, slots: np.ndarray | None = None) -> np.ndarray:
+    """Slots never scheduled whose waiting_time has passed (JITServe §5's admission control)."""
+    if slots is None:
+        slots = table.active_slots()
+    mask = ~table.started[slots] & (table.waiting_deadline[slots] < now)
+    return slots[mask]
+
+
+def plan_frame(
+    table: RequestTable,
+    now: float,
+    speed: EngineSpeed,
+    params: GMAXParams,
+    tenant_fair: np.ndarray | None = None,
+    drop_expired: bool = True,
+) -> FramePlan:
+    """GMAX for one frame: analyze, select the group, decide preemptions against their cost."""
+    slots = table.active_slots()
+    drop = expired(table, now, slots) if drop_expired else slots[:0]
+    if drop.size:
+        slots = np.setdiff1d(slots, drop, assume_unique=True)
+    if slots.size == 0:
+        empty = slots[:0]
+        return FramePlan(empty, empty, empty, drop)
+    an = analyze(table, now, speed, params, slots, tenant_fair)
+    B = params.batch_size
+    feasible_pos = np.flatnonzero(an.feasible)
+    group_pos = feasible_pos[
+        select_group(an.priority[feasible_pos], table.input_len[slots][feasible_pos], B, params.cutoff)
+    ]
+    # Queue order: the group first, then the other feasible ones, then the infeasible, each by priority.
+    in_group = np.zeros(slots.size, dtype=bool)
+    in_group[group_pos] = True
+    rest = np.flatnonzero(~in_group)
+    rest = rest[np.lexsort((-an.priority[rest], ~an.feasible[rest]))]
+    order_pos = np.concatenate([group_pos, rest])
+    # Work conservation: free batch slots go to the next best requests, infeasible ones last.
+    target_pos = order_pos[:B]
+
+    running_pos = np.flatnonzero(table.running[slots])
+    running_set = set(running_pos.tolist())
+    target_set = set(target_pos.tolist())
+    admit = [p for p in target_pos.tolist() if p not in running_set]
+    evictable = [p for p in running_pos.tolist() if p not in target_set]
+    free = B - running_pos.size
+    preempt_pos: list[int] = []
+    if params.preemption != "never" and len(admit) > max(free, 0) and evictable:
+        frame_s = params.frame_steps * speed.step_time
+        rate = an.goodput / np.maximum(an.t_rem, an.t_gen)  # amortized goodput per second
+        rate = np.where(an.feasible, rate, 0.0)
+        stall = stall_seconds(table, slots, speed, params.preemption)
+        tokens_per_s = B / speed.step_time  # the whole batch stalls while the victim is restored
+        need = admit[max(free, 0) :]
+        need.sort(key=lambda p: -rate[p])
+        evictable.sort(key=lambda p: rate[p])
+        for incoming, victim in zip(need, evictable, strict=False):
+            gain = (rate[incoming] - rate[victim]) * frame_s
+            # An infeasible victim earns nothing and may never resume: evicting it costs nothing now.
+            loss = stall[victim] * tokens_per_s * _mean_goodput_per_token(table, slots, victim)
+            if not an.feasible[victim]:
+                loss = 0.0
+            if gain > loss:
+                preempt_pos.append(victim)
+            else:
+                break  # victims are sorted by value: later pairs gain less and cost no less
+    preempt_set = set(preempt_pos)
+    kept = [p for p in running_pos.tolist() if p not in preempt_set]
+    room = B - len(kept)
+    batch_pos = kept + [p for p in admit if p not in running_set][: max(room, 0)]
+    return FramePlan(
+        order=slots[order_pos],
+        batch=slots[np.asarray(batch_pos, dtype=np.int64)],
+        preempt=slots[np.asarray(preempt_pos, dtype=np.int64)],
+        drop=drop,
+        analysis=an,
+    )
+
+
+def _mean_goodput_per_token(table: RequestTable, slots: np.ndarray, pos: int) -> float:
+    """Goodput a stalled token would have earned: the victim's output weight is a fair proxy."""
+    return float(table.w_out[slots[pos]])
+
+
+def end_frame(table: RequestTable, plan: FramePlan) -> None:
+    """Starvation bookkeeping: candidates left waiting this frame age by one frame."""
+    waiting = plan.order[~table.running[plan.order]]
+    if waiting.size:
+        table.frames_waited[waiting] += 1
+
+
+class CutoffTuner:
+    """Online tuning of the cutoff p (§4.2): epsilon-greedy over a few arms, rewarded by goodput.
+
+    Each epoch runs one arm; its reward is the goodput per second observed during the epoch. The
+    running mean per arm is an exponential average so the choice follows workload shifts.
+    """
+
+    def __init__(
+        self,
+        arms: tuple[float, ...] = (0.8, 0.85, 0.9, 0.95, 1.0),
+        initial: float = 0.95,
+        epsilon: float = 0.1,
+        smoothing: float = 0.3,
+        seed: int = 0,
+    ) -> None:
+        if initial not in arms:
+            raise ValueError(f"initial: {initial} is not one of the arms {arms}")
+        self.arms = arms
+        self.epsilon = epsilon
+        self.smoothing = smoothing
+        self.value = np.full(len(arms), np.nan)
+        self._rng = np.random.default_rng(seed)
+        self._current = arms.index(initial)
+
+    @property
+    def cutoff(self) -> float:
+        return self.arms[self._current]
+
+    def record(self, goodput_per_s: float) -> float:
+        """Close an epoch with its reward; returns the cutoff for the next epoch."""
+        i = self._current
+        old = self.value[i]
+        self.value[i] = goodput_per_s if np.isnan(old) else (1 - self.smoothing) * old + self.smoothing * (
+            goodput_per_s
+        )
+        untried = np.flatnonzero(np.isnan(self.value))
+        if untried.size:
+            self._current = int(untried[0])
+        elif self._rng.random() < self.epsilon:
+            self._current = int(self._rng.integers(len(self.arms)))
+        else:
+            self._current = int(np.nanargmax(self.value))
+        return self.cutoff

@@ -1,0 +1,127 @@
+"""Power-of-K placement across replicas (JITServe §4.3) and the state each replica reports.
+
+The request gets K dummy copies, one per sampled replica, each analyzed with that replica's speed,
+expected queueing delay and prefix-cache hit: the same `analyze` GMAX runs inside every engine. The
+request goes to the replica where its replica-specific priority clears that replica's admission bar
+and is highest. If no replica can still meet the SLO, there is no placement: admission rejects it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from jitserve.scheduler.gmax import EngineSpeed, GMAXParams, analyze
+from jitserve.scheduler.requests import NewRequest, RequestTable
+
+
+class ClassGoodput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    goodput_tokens_per_s: float = Field(0.0, ge=0, description="token goodput over the recent window")
+    attainment: float = Field(1.0, ge=0, le=1, description="share of finished requests that met the SLO")
+    finished: int = Field(0, ge=0, description="requests finished in the window")
+
+
+class ReplicaState(BaseModel):
+    """What an engine pod reports at `/jitserve/state` (and as Prometheus gauges), every frame."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    pod: str = Field(description="pod (or local engine) name")
+    model: str = Field(description="served model name")
+    step_time_s: float = Field(gt=0, description="seconds per decode step: v_token")
+    prefill_tokens_per_s: float = Field(gt=0, description="prompt tokens computed per second")
+    batch_size: int = Field(ge=1, description="B: sequences per batch (max_num_seqs)")
+    running: int = Field(ge=0)
+    waiting: int = Field(ge=0)
+    committed_bandwidth: float = Field(ge=0, description="sum of bw = t_gen/t_rem over queued requests")
+    residual_capacity: float = Field(description="batch_size - committed_bandwidth (may be negative)")
+    admission_priority: float = Field(
+        ge=0, description="cutoff x B-th highest priority in the queue; 0 when a batch slot is free"
+    )
+    queue_delay_s: float = Field(ge=0, description="expected wait before a new request starts")
+    kv_usage: float = Field(ge=0, le=1, description="fraction of KV cache blocks in use")
+    cutoff: float = Field(gt=0, le=1)
+    frames: int = Field(ge=0, description="frames planned so far (liveness)")
+    dropped_total: int = Field(0, ge=0, description="requests dropped past waiting_time")
+    preempted_total: int = Field(0, ge=0)
+    goodput: dict[str, ClassGoodput] = Field(default_factory=dict, description="per SLO class")
+    updated_at: float = Field(description="unix time of this report")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    replica: int | None  # index into the replicas given; None: no replica can meet the SLO
+    priorities: np.ndarray  # replica-specific priority per sampled replica (0 where infeasible)
+    sampled: np.ndarray  # indices of the sampled replicas
+    reason: str
+
+
+def place(
+    request: NewRequest,
+    replicas: list[ReplicaState],
+    now: float,
+    k: int | None = None,
+    cached_tokens: list[int] | None = None,
+    rng: np.random.Generator | None = None,
+    params: GMAXParams = GMAXParams(),
+) -> Placement:
+    """Power-of-K over replica-specific priorities. `k=None` samples every replica (K = M)."""
+    m = len(replicas)
+    if m == 0:
+        return Placement(None, np.zeros(0), np.zeros(0, dtype=np.int64), "no ready replica")
+    if k is None or k >= m:
+        sampled = np.arange(m)
+    else:
+        rng = rng or np.random.default_rng()
+        sampled = np.sort(rng.choice(m, size=max(k, 1), replace=False))
+    n = sampled.size
+    table = RequestTable(capacity=n)
+    for i in range(n):
+        table.add(_dummy(request, i))
+    slots = table.active_slots()
+    if cached_tokens is not None:
+        cached = np.asarray([cached_tokens[j] for j in sampled], dtype=np.int64)
+        table.computed[slots] = np.minimum(cached, request.input_len)
+    states = [replicas[j] for j in sampled]
+    speed = EngineSpeed(
+        step_time=np.asarray([s.step_time_s for s in states]),  # type: ignore[arg-type]
+        prefill_tokens_per_s=np.asarray([s.prefill_tokens_per_s for s in states]),  # type: ignore[arg-type]
+    )
+    delay = np.asarray([s.queue_delay_s for s in states])
+    an = analyze(table, now, speed, params, slots, queue_delay=delay)  # type: ignore[arg-type]
+    priority = np.where(an.feasible, an.priority, 0.0)
+    if not an.feasible.any():
+        return Placement(None, priority, sampled, "no replica can meet the SLO")
+    has_room = np.asarray([s.running + s.waiting < s.batch_size for s in states])
+    bar = np.asarray([s.admission_priority for s in states])
+    eligible = an.feasible & (has_room | (priority >= bar))
+    if eligible.any():
+        score = np.where(eligible, priority, -np.inf)
+        reason = "admitted by replica-specific priority"
+    else:
+        # Feasible everywhere only after a wait: queue where it ranks best against the bar.
+        score = np.where(an.feasible, priority / np.maximum(bar, 1e-12), -np.inf)
+        reason = "queued: below every replica's admission bar"
+    best = np.flatnonzero(score == score.max())
+    if best.size > 1:  # ties (identical replicas): the least loaded one
+        best = best[np.argsort(delay[best], kind="stable")]
+    return Placement(int(sampled[best[0]]), priority, sampled, reason)
+
+
+def _dummy(request: NewRequest, i: int) -> NewRequest:
+    return NewRequest(
+        request_id=f"{request.request_id}#{i}",
+        slo=request.slo,
+        arrival=request.arrival,
+        input_len=request.input_len,
+        max_tokens=request.max_tokens,
+        len_ub=request.len_ub,
+        true_len=request.true_len,
+        deadline_abs=request.deadline_abs,
+        program_goodput=request.program_goodput,
+        tenant=request.tenant,
+    )

@@ -1,0 +1,198 @@
+"""Columnar request state: the typed input of every scheduling decision.
+
+Policies decide over thousands of requests in well under a millisecond, so request state lives in
+numpy columns (one row per slot), not in Python objects. Adapters (vLLM, simulator, router) add a
+request once, update its progress as tokens arrive, and remove it when it ends; policies only read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jitserve.scheduler.slo import SLO, SLOType
+
+# Integer codes of SLO types in the `slo_type` column.
+SLO_TYPE_CODE: dict[SLOType, int] = {
+    SLOType.LATENCY: 0,
+    SLOType.DEADLINE: 1,
+    SLOType.COMPOUND: 2,
+    SLOType.BEST_EFFORT: 3,
+}
+LATENCY, DEADLINE, COMPOUND, BEST_EFFORT = 0, 1, 2, 3
+
+# (name, dtype, fill value of a free slot)
+_COLUMNS: tuple[tuple[str, Any, Any], ...] = (
+    ("active", np.bool_, False),
+    ("slo_type", np.int8, 0),
+    ("arrival", np.float64, 0.0),
+    ("deadline_abs", np.float64, np.inf),  # absolute deadline (compound: this stage's sub-deadline)
+    ("ttft", np.float64, np.inf),  # latency only
+    ("tbt", np.float64, np.inf),  # latency only; inf when the SLO has no TBT
+    ("waiting_deadline", np.float64, np.inf),  # drop if not started by then
+    ("input_len", np.int64, 0),
+    ("generated", np.int64, 0),  # output tokens produced so far
+    ("computed", np.int64, 0),  # tokens whose KV is computed (prefill progress, preemption cost)
+    ("len_ub", np.int64, 1),  # upper bound on the total output length (analyzer)
+    ("max_tokens", np.int64, 1),
+    ("true_len", np.int64, -1),  # oracle only: the real output length, -1 if unknown
+    ("w_in", np.float64, 1.0),
+    ("w_out", np.float64, 1.0),
+    ("program_goodput", np.float64, 0.0),  # compound: goodput of earlier calls riding on this one
+    ("running", np.bool_, False),
+    ("started", np.bool_, False),  # scheduled at least once (waiting_time no longer applies)
+    ("frames_waited", np.int32, 0),  # frames spent eligible but unselected (starvation term)
+    ("tenant", np.int32, 0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequest:
+    """What an adapter knows about a request when it arrives."""
+
+    request_id: str
+    slo: SLO
+    arrival: float
+    input_len: int
+    max_tokens: int
+    len_ub: int | None = None  # None: max_tokens, the only safe bound before the analyzer answers
+    true_len: int = -1
+    deadline_abs: float | None = None  # compound stages: the sub-deadline D_s (absolute)
+    program_goodput: float = 0.0
+    tenant: int = 0
+
+    def __post_init__(self) -> None:
+        if self.input_len < 0:
+            raise ValueError(f"input_len: must be >= 0, got {self.input_len}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
+
+
+class RequestTable:
+    """Fixed-width columns with a free list; grows by doubling. Not thread-safe by design:
+    each adapter owns one table and calls it from its scheduling thread."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self._capacity = 0
+        self._free: list[int] = []
+        self.slot_of: dict[str, int] = {}
+        self.id_of: list[str | None] = []
+        for name, dtype, fill in _COLUMNS:
+            setattr(self, name, np.full(0, fill, dtype=dtype))
+        self._grow(max(1, capacity))
+
+    # columns, declared for type checkers
+    active: np.ndarray
+    slo_type: np.ndarray
+    arrival: np.ndarray
+    deadline_abs: np.ndarray
+    ttft: np.ndarray
+    tbt: np.ndarray
+    waiting_deadline: np.ndarray
+    input_len: np.ndarray
+    generated: np.ndarray
+    computed: np.ndarray
+    len_ub: np.ndarray
+    max_tokens: np.ndarray
+    true_len: np.ndarray
+    w_in: np.ndarray
+    w_out: np.ndarray
+    program_goodput: np.ndarray
+    running: np.ndarray
+    started: np.ndarray
+    frames_waited: np.ndarray
+    tenant: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.slot_of)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self.slot_of
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def _grow(self, new_capacity: int) -> None:
+        old = self._capacity
+        for name, dtype, fill in _COLUMNS:
+            column = np.full(new_capacity, fill, dtype=dtype)
+            column[:old] = getattr(self, name)
+            setattr(self, name, column)
+        self.id_of.extend([None] * (new_capacity - old))
+        # pop() hands out low slots first, keeping active rows dense at the front
+        self._free.extend(range(new_capacity - 1, old - 1, -1))
+        self._capacity = new_capacity
+
+    def add(self, req: NewRequest) -> int:
+        if req.request_id in self.slot_of:
+            raise KeyError(f"request_id: {req.request_id!r} is already in the table")
+        if not self._free:
+            self._grow(self._capacity * 2)
+        slot = self._free.pop()
+        slo = req.slo
+        self.slot_of[req.request_id] = slot
+        self.id_of[slot] = req.request_id
+        self.active[slot] = True
+        self.slo_type[slot] = SLO_TYPE_CODE[slo.type]
+        self.arrival[slot] = req.arrival
+        if req.deadline_abs is not None:
+            self.deadline_abs[slot] = req.deadline_abs
+        elif slo.deadline is not None:
+            self.deadline_abs[slot] = req.arrival + slo.deadline
+        else:
+            self.deadline_abs[slot] = np.inf
+        self.ttft[slot] = slo.ttft if slo.ttft is not None else np.inf
+        self.tbt[slot] = slo.tbt if slo.tbt is not None else np.inf
+        self.waiting_deadline[slot] = req.arrival + slo.waiting_time
+        self.input_len[slot] = req.input_len
+        self.generated[slot] = 0
+        self.computed[slot] = 0
+        self.max_tokens[slot] = req.max_tokens
+        ub = req.max_tokens if req.len_ub is None else req.len_ub
+        self.len_ub[slot] = int(min(max(ub, 1), req.max_tokens))
+        self.true_len[slot] = req.true_len
+        self.w_in[slot] = slo.weights.input
+        self.w_out[slot] = slo.weights.output
+        self.program_goodput[slot] = req.program_goodput
+        self.running[slot] = False
+        self.started[slot] = False
+        self.frames_waited[slot] = 0
+        self.tenant[slot] = req.tenant
+        return slot
+
+    def remove(self, request_id: str) -> None:
+        slot = self.slot_of.pop(request_id)
+        self.id_of[slot] = None
+        for name, _dtype, fill in _COLUMNS:
+            getattr(self, name)[slot] = fill
+        self._free.append(slot)
+
+    def slot(self, request_id: str) -> int:
+        return self.slot_of[request_id]
+
+    def active_slots(self) -> np.ndarray:
+        return np.flatnonzero(self.active)
+
+    def ids(self, slots: np.ndarray) -> list[str]:
+        return [self.id_of[int(s)] for s in slots]  # type: ignore[misc]
+
+    def progress(self, request_id: str, generated: int, computed: int | None = None) -> None:
+        slot = self.slot_of[request_id]
+        self.generated[slot] = generated
+        if computed is not None:
+            self.computed[slot] = computed
+        # a bound below what is already generated is stale: the request is at least one token longer
+        if self.len_ub[slot] <= generated:
+            self.len_ub[slot] = min(generated + 1, int(self.max_tokens[slot]))
+
+    def set_running(self, request_id: str, running: bool) -> None:
+        slot = self.slot_of[request_id]
+        self.running[slot] = running
+        if running:
+            self.started[slot] = True
+            self.frames_waited[slot] = 0
+        else:
+            self.computed[slot] = 0  # preempted by recompute: its KV is gone
