@@ -1,0 +1,217 @@
+"""The ServingPool spec and the status models of both custom resources (pydantic, camelCase).
+
+These models are the source of truth for the CRD schemas (crdgen.py turns them into OpenAPI). Rules
+that span fields are written twice on purpose: as pydantic validators here (the operator re-checks
+what it reads) and as CEL rules in crdgen.py (the API server rejects bad input before we see it);
+tests/unit/operator/test_cel_rules.py checks that both agree.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Kubernetes quantities ("4", "500m", "16Gi"); the CRD marks them x-kubernetes-int-or-string.
+Quantity = Annotated[
+    str | int,
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ModelSource(StrEnum):
+    HUGGINGFACE = "huggingface"
+    PVC = "pvc"
+    URI = "uri"
+
+
+class PVCModel(_Model):
+    claimName: str = Field(min_length=1, max_length=253, description="PersistentVolumeClaim holding weights")
+    path: str = Field("", max_length=1024, description="directory of the model inside the claim")
+
+
+class ModelSpec(_Model):
+    source: ModelSource = Field(
+        ModelSource.HUGGINGFACE, description="where the weights come from: huggingface, pvc or uri"
+    )
+    name: str | None = Field(
+        None, min_length=1, max_length=512, description="huggingface: the model id, e.g. org/model"
+    )
+    pvc: PVCModel | None = Field(
+        None, description="pvc: the claim and path of the weights (mounted read-only)"
+    )
+    uri: str | None = Field(
+        None, min_length=1, max_length=2048, description="uri: passed to the engine as-is"
+    )
+    servedName: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+        description="the model name clients send in OpenAI requests",
+    )
+    hfTokenSecret: str | None = Field(
+        None, max_length=253, description="Secret with key 'token' exported as HF_TOKEN (gated models)"
+    )
+
+    @model_validator(mode="after")
+    def _check_source(self) -> ModelSpec:
+        needed = {ModelSource.HUGGINGFACE: "name", ModelSource.PVC: "pvc", ModelSource.URI: "uri"}[
+            self.source
+        ]
+        if getattr(self, needed) is None:
+            raise ValueError(f"model.source {self.source.value} needs model.{needed}")
+        return self
+
+
+class EngineBackend(StrEnum):
+    VLLM = "vllm"  # GPU engines (production)
+    VLLM_CPU = "vllm-cpu"  # GPU-free clusters, tests
+
+
+class EngineSpec(_Model):
+    backend: EngineBackend = Field(EngineBackend.VLLM, description="vllm (GPUs) or vllm-cpu (no GPUs)")
+    image: str | None = Field(
+        None, max_length=512, description="engine image; the operator's default if unset"
+    )
+    extraArgs: list[str] = Field(
+        default_factory=list, max_length=64, description="extra vLLM arguments, after '--'"
+    )
+
+
+class Toleration(_Model):
+    key: str | None = Field(None, max_length=316)
+    operator: str | None = Field(None, json_schema_extra={"enum": ["Exists", "Equal"]})
+    value: str | None = Field(None, max_length=63)
+    effect: str | None = Field(
+        None, json_schema_extra={"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]}
+    )
+    tolerationSeconds: int | None = None
+
+
+class ResourcesSpec(_Model):
+    gpus: int | None = Field(
+        None, ge=0, le=16, description="nvidia.com/gpu per engine pod; default 1 for vllm, 0 for vllm-cpu"
+    )
+    cpu: Quantity | None = Field(None, description="CPU request and limit per engine pod")
+    memory: Quantity | None = Field(None, description="memory request and limit per engine pod")
+
+
+class PreemptionMode(StrEnum):
+    AUTO = "auto"  # the cost model picks swap or recompute per request
+    SWAP = "swap"
+    RECOMPUTE = "recompute"
+
+
+class SchedulerSpec(_Model):
+    """JITServe scheduler parameters (the engine's flags; K goes to the router)."""
+
+    frameSteps: int = Field(50, ge=1, le=10_000, description="Delta: decode steps per scheduling frame")
+    cutoff: float = Field(0.95, gt=0, le=1, description="p: GMAX's cutoff on the cumulative priority")
+    starvationDelta: float = Field(
+        0.0, ge=0, le=1000, description="priority added per frame a request waits (anti-starvation)"
+    )
+    preemption: PreemptionMode = Field(PreemptionMode.AUTO, description="auto, swap or recompute")
+    k: int | None = Field(None, ge=1, le=1024, description="router: pods sampled per request (default all)")
+
+
+class SLOClassesSpec(_Model):
+    allowed: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        min_length=1, max_length=64, description="SLOClass names this pool serves"
+    )
+    default: str | None = Field(
+        None, max_length=253, description="class of requests without one; must be among allowed"
+    )
+
+    @model_validator(mode="after")
+    def _check_default(self) -> SLOClassesSpec:
+        if self.default is not None and self.default not in self.allowed:
+            raise ValueError(f"sloClasses.default {self.default!r} must be one of sloClasses.allowed")
+        if len(set(self.allowed)) != len(self.allowed):
+            raise ValueError("sloClasses.allowed has duplicates")
+        return self
+
+
+class RouterSpec(_Model):
+    replicas: int = Field(1, ge=0, le=100, description="router pods")
+    image: str | None = Field(
+        None, max_length=512, description="router image; the operator's default if unset"
+    )
+    port: int = Field(8080, ge=1024, le=65535, description="port of the router Service (the OpenAI endpoint)")
+    authSecret: str | None = Field(
+        None, max_length=253, description="Secret of API keys (see the router docs); none: no auth"
+    )
+
+
+class NetworkPolicySpec(_Model):
+    enabled: bool = Field(True, description="engines accept traffic only from this pool's router pods")
+    metricsNamespaces: list[str] = Field(
+        default_factory=list, max_length=16, description="namespaces also allowed to reach the engines"
+    )
+
+
+class ServingPoolSpec(_Model):
+    """The spec of a ServingPool custom resource."""
+
+    model: ModelSpec
+    replicas: int = Field(1, ge=0, le=1000, description="engine pods")
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    nodeSelector: dict[str, str] = Field(default_factory=dict, description="engine pods' node selector")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    sloClasses: SLOClassesSpec
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    networkPolicy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> ServingPoolSpec:
+        if self.engine.backend is EngineBackend.VLLM_CPU and (self.resources.gpus or 0) > 0:
+            raise ValueError("engine.backend vllm-cpu takes no GPUs: unset resources.gpus or set it to 0")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        if self.resources.gpus is not None:
+            return self.resources.gpus
+        return 1 if self.engine.backend is EngineBackend.VLLM else 0
+
+
+# ---- status ---------------------------------------------------------------------------------------
+
+
+class Condition(_Model):
+    type: str
+    status: str = Field(json_schema_extra={"enum": ["True", "False", "Unknown"]})
+    reason: str = ""
+    message: str = ""
+    lastTransitionTime: str | None = None
+    observedGeneration: int | None = None
+
+
+class ClassStatus(_Model):
+    name: str
+    goodput: float | None = Field(None, description="goodput (tokens/s on time) reported by the router")
+    attainment: float | None = Field(None, description="fraction of requests meeting the SLO")
+
+
+class ServingPoolStatus(_Model):
+    observedGeneration: int | None = None
+    replicas: int | None = None
+    readyReplicas: int | None = None
+    routerReadyReplicas: int | None = None
+    endpoint: str | None = Field(None, description="in-cluster OpenAI base URL")
+    defaultClass: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    classes: list[ClassStatus] = Field(default_factory=list, description="per-class goodput, attainment")
+    classesUpdated: str | None = Field(None, description="when the router last reported")
+    selector: str | None = Field(None, description="label selector of the engine pods (scale subresource)")
+
+
+class SLOClassStatus(_Model):
+    pools: list[str] = Field(default_factory=list, description="namespace/name of pools using this class")
+    poolCount: int = 0

@@ -1,0 +1,184 @@
+"""Reconciliation of one ServingPool against the API server: the plan (reconcile.py) carried out
+through the adapter (kube.py). Called by every kopf handler; safe to call any number of times."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jitserve.operator import api
+from jitserve.operator.children import Images, desired_children, unwanted_children
+from jitserve.operator.kube import ApiError, ChildConflictError, Kube, apply, owned_by
+from jitserve.operator.reconcile import Observed, Plan, parse_router_report, plan_pool, pool_status
+
+log = logging.getLogger("jitserve.operator")
+
+# Router status URL; {service}, {namespace}, {port}, {pool} are filled in per pool.
+DEFAULT_ROUTER_STATUS_URL = "http://{service}.{namespace}.svc.cluster.local:{port}/jitserve/status"
+
+
+def utcnow() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Result:
+    plan: Plan
+    changes: dict[str, str] = field(default_factory=dict)  # "Kind/name" -> created|updated|deleted
+    status: dict[str, Any] | None = None
+    status_written: bool = False
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: Kube,
+        images: Images | None = None,
+        router_status_url: str = DEFAULT_ROUTER_STATUS_URL,
+        http_get: Callable[[str], Any] | None = None,
+        clock: Callable[[], str] = utcnow,
+    ) -> None:
+        self.kube = kube
+        self.images = images or Images()
+        self.router_status_url = router_status_url
+        self.http_get = http_get or _http_get_json
+        self.clock = clock
+        # One reconcile per pool at a time: kopf may call us from several handlers concurrently.
+        self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+
+    def _lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks[(namespace, name)]
+
+    # ---- pools ------------------------------------------------------------------------------------
+
+    def reconcile(self, namespace: str, name: str, read_router: bool = False) -> Result | None:
+        """Bring one pool's children and status in line with its spec; None if the pool is gone."""
+        with self._lock(namespace, name):
+            pool_obj = self.kube.get(api.API_VERSION, api.SERVINGPOOL_KIND, namespace, name)
+            if pool_obj is None or (pool_obj.get("metadata") or {}).get("deletionTimestamp"):
+                return None
+            return self._reconcile(pool_obj, read_router)
+
+    def _reconcile(self, pool_obj: dict[str, Any], read_router: bool) -> Result:
+        md = pool_obj["metadata"]
+        namespace, name, uid = md["namespace"], md["name"], md["uid"]
+        spec = pool_obj.get("spec") or {}
+        allowed = (spec.get("sloClasses") or {}).get("allowed") or []
+        class_specs = {}
+        for cname in allowed:
+            obj = self.kube.get(api.API_VERSION, api.SLOCLASS_KIND, None, cname)
+            class_specs[cname] = None if obj is None else (obj.get("spec") or {})
+        plan = plan_pool(name, namespace, uid, spec, class_specs, self.images)
+        result = Result(plan)
+        apply_error = None
+        if plan.pool is not None:
+            try:
+                for child in desired_children(plan.pool):
+                    outcome, _ = apply(self.kube, child, uid)
+                    if outcome != "unchanged":
+                        result.changes[f"{child['kind']}/{child['metadata']['name']}"] = outcome
+                for api_version, kind, cname in unwanted_children(plan.pool):
+                    live = self.kube.get(api_version, kind, namespace, cname)
+                    if live is not None and owned_by(live, uid):
+                        self.kube.delete(api_version, kind, namespace, cname)
+                        result.changes[f"{kind}/{cname}"] = "deleted"
+            except ChildConflictError as exc:
+                apply_error = str(exc)
+        observed = Observed(
+            engine=self.kube.get("apps/v1", "Deployment", namespace, api.engine_name(name)),
+            router=self.kube.get("apps/v1", "Deployment", namespace, api.router_name(name)),
+        )
+        previous = dict(pool_obj.get("status") or {})
+        base = dict(previous)
+        if read_router and plan.pool is not None:
+            base.update(self._router_report(plan))
+        status = pool_status(plan, observed, md.get("generation"), base, self.clock(), apply_error)
+        result.status = status
+        if _strip_unowned(previous) != status:
+            self.kube.patch_status(
+                api.API_VERSION, api.SERVINGPOOL_KIND, namespace, name, _with_nulls(previous, status)
+            )
+            result.status_written = True
+        if result.changes:
+            log.info(
+                "pool %s/%s: %s", namespace, name, ", ".join(f"{k} {v}" for k, v in result.changes.items())
+            )
+        return result
+
+    def _router_report(self, plan: Plan) -> dict[str, Any]:
+        """Per-class goodput from the router; {} (keep the old numbers) if it cannot be reached."""
+        assert plan.pool is not None
+        pool = plan.pool
+        url = self.router_status_url.format(
+            service=api.router_name(pool.name),
+            namespace=pool.namespace,
+            port=pool.spec.router.port,
+            pool=pool.name,
+        )
+        try:
+            payload = self.http_get(url)
+        except Exception as exc:  # noqa: BLE001 - any failure means "no fresh numbers", never an error
+            log.debug("router of %s/%s unreachable at %s: %s", pool.namespace, pool.name, url, exc)
+            return {}
+        classes = parse_router_report(payload)
+        return {"classes": classes, "classesUpdated": self.clock()} if classes else {}
+
+    # ---- SLO classes ------------------------------------------------------------------------------
+
+    def pools_using(self, class_name: str, pools: Iterable[tuple[str, str, list[str]]]) -> list[str]:
+        return sorted(f"{ns}/{n}" for ns, n, allowed in pools if class_name in allowed)
+
+    def refresh_class_statuses(self, pools: Iterable[tuple[str, str, list[str]]]) -> int:
+        """Write each SLOClass's status.pools from (namespace, name, allowed classes) of all pools."""
+        pools = list(pools)
+        written = 0
+        for obj in self.kube.list(api.API_VERSION, api.SLOCLASS_KIND):
+            cname = obj["metadata"]["name"]
+            using = self.pools_using(cname, pools)
+            status = {"pools": using, "poolCount": len(using)}
+            if {k: (obj.get("status") or {}).get(k) for k in status} != status:
+                self.kube.patch_status(api.API_VERSION, api.SLOCLASS_KIND, None, cname, status)
+                written += 1
+        return written
+
+
+def _strip_unowned(status: dict[str, Any]) -> dict[str, Any]:
+    """The part of a live status this operator writes (ignore anything another writer added)."""
+    keys = {
+        "observedGeneration",
+        "conditions",
+        "replicas",
+        "readyReplicas",
+        "routerReadyReplicas",
+        "endpoint",
+        "defaultClass",
+        "selector",
+        "classes",
+        "classesUpdated",
+    }
+    return {k: v for k, v in status.items() if k in keys}
+
+
+def _with_nulls(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch turning `old` into `new` at the top level (null deletes a key)."""
+    patch: dict[str, Any] = {k: None for k in _strip_unowned(old) if k not in new}
+    patch.update(new)
+    return patch
+
+
+def _http_get_json(url: str) -> Any:
+    import httpx
+
+    resp = httpx.get(url, timeout=2.0)
+    resp.raise_for_status()
+    return resp.json()
+
+
+__all__ = ["ApiError", "Reconciler", "Result"]
