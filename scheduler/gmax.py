@@ -223,10 +223,10 @@ def plan_frame(
         empty = slots[:0]
         return FramePlan(empty, empty, empty, drop)
     an = analyze(table, now, speed, params, slots, tenant_fair)
-    B = params.batch_size
+    batch = params.batch_size
     feasible_pos = np.flatnonzero(an.feasible)
     group_pos = feasible_pos[
-        select_group(an.priority[feasible_pos], table.input_len[slots][feasible_pos], B, params.cutoff)
+        select_group(an.priority[feasible_pos], table.input_len[slots][feasible_pos], batch, params.cutoff)
     ]
     # Queue order: the group first, then the other feasible ones, then the infeasible, each by priority.
     in_group = np.zeros(slots.size, dtype=bool)
@@ -235,50 +235,57 @@ def plan_frame(
     rest = rest[np.lexsort((-an.priority[rest], ~an.feasible[rest]))]
     order_pos = np.concatenate([group_pos, rest])
     # Work conservation: free batch slots go to the next best requests, infeasible ones last.
-    target_pos = order_pos[:B]
+    target_pos = order_pos[:batch]
 
-    running_pos = np.flatnonzero(table.running[slots])
-    running_set = set(running_pos.tolist())
-    target_set = set(target_pos.tolist())
-    admit = [p for p in target_pos.tolist() if p not in running_set]
-    evictable = [p for p in running_pos.tolist() if p not in target_set]
-    free = B - running_pos.size
-    preempt_pos: list[int] = []
-    if params.preemption != "never" and len(admit) > max(free, 0) and evictable:
-        frame_s = params.frame_steps * speed.step_time
-        rate = an.goodput / np.maximum(an.t_rem, an.t_gen)  # amortized goodput per second
-        rate = np.where(an.feasible, rate, 0.0)
-        stall = stall_seconds(table, slots, speed, params.preemption)
-        tokens_per_s = B / speed.step_time  # the whole batch stalls while the victim is restored
-        need = admit[max(free, 0) :]
-        need.sort(key=lambda p: -rate[p])
-        evictable.sort(key=lambda p: rate[p])
-        for incoming, victim in zip(need, evictable, strict=False):
-            gain = (rate[incoming] - rate[victim]) * frame_s
-            # An infeasible victim earns nothing and may never resume: evicting it costs nothing now.
-            loss = stall[victim] * tokens_per_s * _mean_goodput_per_token(table, slots, victim)
-            if not an.feasible[victim]:
-                loss = 0.0
-            if gain > loss:
-                preempt_pos.append(victim)
-            else:
-                break  # victims are sorted by value: later pairs gain less and cost no less
-    preempt_set = set(preempt_pos)
-    kept = [p for p in running_pos.tolist() if p not in preempt_set]
-    room = B - len(kept)
-    batch_pos = kept + [p for p in admit if p not in running_set][: max(room, 0)]
+    running_mask = table.running[slots]
+    in_target = np.zeros(slots.size, dtype=bool)
+    in_target[target_pos] = True
+    admit_pos = target_pos[~running_mask[target_pos]]  # best first
+    evict_pos = np.flatnonzero(running_mask & ~in_target)
+    free = max(batch - int(running_mask.sum()), 0)
+    preempt_pos = evict_pos[:0]
+    if params.preemption != "never" and admit_pos.size > free and evict_pos.size:
+        preempt_pos = _worthwhile_preemptions(table, slots, an, speed, params, admit_pos[free:], evict_pos)
+    kept_mask = running_mask.copy()
+    kept_mask[preempt_pos] = False
+    kept_pos = np.flatnonzero(kept_mask)
+    batch_pos = np.concatenate([kept_pos, admit_pos[: max(batch - kept_pos.size, 0)]])
     return FramePlan(
         order=slots[order_pos],
-        batch=slots[np.asarray(batch_pos, dtype=np.int64)],
-        preempt=slots[np.asarray(preempt_pos, dtype=np.int64)],
+        batch=slots[batch_pos],
+        preempt=slots[preempt_pos],
         drop=drop,
         analysis=an,
     )
 
 
-def _mean_goodput_per_token(table: RequestTable, slots: np.ndarray, pos: int) -> float:
-    """Goodput a stalled token would have earned: the victim's output weight is a fair proxy."""
-    return float(table.w_out[slots[pos]])
+def _worthwhile_preemptions(
+    table: RequestTable,
+    slots: np.ndarray,
+    an: Analysis,
+    speed: EngineSpeed,
+    params: GMAXParams,
+    incoming: np.ndarray,
+    evictable: np.ndarray,
+) -> np.ndarray:
+    """Pair the most valuable incoming requests with the least valuable running ones; preempt while
+    the gain over the next frame beats the goodput the stall costs (stall x token speed)."""
+    frame_s = params.frame_steps * speed.step_time
+    rate = np.where(an.feasible, an.goodput / np.maximum(an.t_rem, an.t_gen), 0.0)  # goodput per second
+    incoming = incoming[np.argsort(-rate[incoming], kind="stable")]
+    victims = evictable[np.argsort(rate[evictable], kind="stable")]
+    pairs = min(incoming.size, victims.size)
+    incoming, victims = incoming[:pairs], victims[:pairs]
+    gain = (rate[incoming] - rate[victims]) * frame_s
+    # The whole batch stalls while a victim is restored; each stalled token is worth about the
+    # victim's output weight. An infeasible victim earns nothing and may never resume: free to evict.
+    tokens_per_s = params.batch_size / speed.step_time
+    loss = stall_seconds(table, slots[victims], speed, params.preemption) * tokens_per_s
+    loss = np.where(an.feasible[victims], loss * table.w_out[slots[victims]], 0.0)
+    worth = gain > loss
+    # victims are sorted by value: once a pair does not pay, later pairs gain less and cost no less
+    count = pairs if worth.all() else int(np.argmin(worth))
+    return victims[:count]
 
 
 def end_frame(table: RequestTable, plan: FramePlan) -> None:
@@ -320,8 +327,8 @@ class CutoffTuner:
         """Close an epoch with its reward; returns the cutoff for the next epoch."""
         i = self._current
         old = self.value[i]
-        self.value[i] = goodput_per_s if np.isnan(old) else (1 - self.smoothing) * old + self.smoothing * (
-            goodput_per_s
+        self.value[i] = (
+            goodput_per_s if np.isnan(old) else (1 - self.smoothing) * old + self.smoothing * (goodput_per_s)
         )
         untried = np.flatnonzero(np.isnan(self.value))
         if untried.size:

@@ -15,15 +15,22 @@ def test_operator_folder_is_not_a_regular_package():
 def test_stdlib_operator_wins_from_the_repo_root():
     out = subprocess.run(
         [sys.executable, "-c", "import operator, jitserve.operator.crdgen; print(operator.__file__)"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
-    assert "site-packages" not in out and "/work" not in out.replace(sys.prefix, "") or "lib/python" in out
-    assert not out.strip().startswith(str(ROOT / "operator"))
+    assert out.strip().endswith("operator.py")
+    assert not out.strip().startswith(str(ROOT))
 
 
 def test_cli_help_lists_every_component():
     out = subprocess.run(
-        [sys.executable, "-m", "jitserve.main", "--help"], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "jitserve.main", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     for command in ("engine", "router", "operator", "sim", "up", "demo"):
         assert command in out

@@ -1,0 +1,78 @@
+"""Power-of-K placement over replica-specific priorities (JITServe §4.3)."""
+
+import numpy as np
+
+from jitserve.scheduler.placement import ReplicaState, place
+from jitserve.scheduler.requests import NewRequest
+from jitserve.scheduler.slo import SLO
+
+
+def replica(name: str, **kw) -> ReplicaState:
+    base = dict(
+        pod=name,
+        model="m",
+        step_time_s=0.05,
+        prefill_tokens_per_s=4000.0,
+        batch_size=8,
+        running=0,
+        waiting=0,
+        committed_bandwidth=0.0,
+        residual_capacity=8.0,
+        admission_priority=0.0,
+        queue_delay_s=0.0,
+        kv_usage=0.1,
+        cutoff=0.95,
+        frames=1,
+        updated_at=0.0,
+    )
+    base.update(kw)
+    return ReplicaState(**base)
+
+
+def tight(rid="r", deadline=3.0) -> NewRequest:
+    return NewRequest(rid, SLO.deadline_slo(deadline), arrival=0.0, input_len=200, max_tokens=40)
+
+
+def test_loaded_replica_is_avoided():
+    loaded = replica("a", running=8, waiting=20, queue_delay_s=2.5, admission_priority=300.0)
+    idle = replica("b")
+    assert place(tight(), [loaded, idle], now=0.0).replica == 1
+    assert place(tight(), [idle, loaded], now=0.0).replica == 0
+
+
+def test_faster_replica_wins_for_the_same_request():
+    slow = replica("slow", step_time_s=0.06)
+    fast = replica("fast", step_time_s=0.02)
+    p = place(tight(), [slow, fast], now=0.0)
+    assert p.replica == 1
+    assert p.priorities[1] > p.priorities[0]
+
+
+def test_unattainable_slo_has_no_placement():
+    # 40 tokens at 50 ms need 2 s; a 1 s deadline cannot be met anywhere
+    p = place(tight(deadline=1.0), [replica("a"), replica("b")], now=0.0)
+    assert p.replica is None
+    assert "no replica" in p.reason
+
+
+def test_queueing_delay_makes_a_replica_infeasible():
+    late = replica("a", queue_delay_s=10.0, running=8, waiting=30)
+    p = place(tight(deadline=5.0), [late], now=0.0)
+    assert p.replica is None
+
+
+def test_prefix_cache_hit_raises_priority():
+    a, b = replica("a"), replica("b")
+    p = place(tight(), [a, b], now=0.0, cached_tokens=[0, 200])
+    assert p.replica == 1
+
+
+def test_k_samples_a_subset_deterministically():
+    reps = [replica(str(i)) for i in range(6)]
+    p1 = place(tight(), reps, now=0.0, k=2, rng=np.random.default_rng(7))
+    p2 = place(tight(), reps, now=0.0, k=2, rng=np.random.default_rng(7))
+    assert p1.sampled.size == 2 and p1.replica == p2.replica and p1.replica in p1.sampled
+
+
+def test_no_replicas():
+    assert place(tight(), [], now=0.0).replica is None
