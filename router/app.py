@@ -1,0 +1,196 @@
+"""The FastAPI app: routes, OpenAPI schemas of the request bodies, and the background tasks' lifecycle.
+
+Handlers take the raw `Request` (no pydantic model per request: the router validates only what it
+uses, in inbound.py, and parsing the whole body into models would cost latency on every call). The
+schemas below document the bodies in the OpenAPI spec, which the schemathesis fuzz tests generate from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from jitserve.router.errors import RouterError
+from jitserve.router.service import Router, error_response
+
+_SECONDS = {"type": "number", "exclusiveMinimum": 0, "description": "seconds"}
+_SLO_PROPS: dict[str, Any] = {
+    "slo_class": {"type": "string", "description": "name of an SLOClass (header X-SLO-Class)"},
+    "deadline": {**_SECONDS, "description": "end-to-end deadline in seconds (header X-SLO-Deadline)"},
+    "target_ttft": {**_SECONDS, "description": "time-to-first-token target, seconds (X-SLO-Target-TTFT)"},
+    "target_tbt": {**_SECONDS, "description": "time-between-tokens target, seconds (X-SLO-Target-TBT)"},
+    "waiting_time": {**_SECONDS, "description": "drop if not started within this (X-SLO-Waiting-Time)"},
+    "program_id": {"type": "string", "description": "compound program id (header X-Program-Id)"},
+    "program_stages": {"type": "integer", "minimum": 1, "description": "expected stages (X-Program-Stages)"},
+}
+_COMMON: dict[str, Any] = {
+    "model": {"type": "string"},
+    "stream": {"type": "boolean"},
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number"},
+    "vllm_xargs": {"type": "object"},
+    **_SLO_PROPS,
+}
+CHAT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "messages"],
+    "properties": {
+        **_COMMON,
+        "max_completion_tokens": {"type": "integer", "minimum": 1},
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
+            },
+        },
+    },
+}
+COMPLETION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "prompt"],
+    "properties": {
+        **_COMMON,
+        "prompt": {
+            "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]
+        },
+    },
+}
+_ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+_SLO_HEADERS = [
+    {"name": h, "in": "header", "required": False, "schema": {"type": "string"}}
+    for h in (
+        "X-SLO-Class",
+        "X-SLO-Deadline",
+        "X-SLO-Target-TTFT",
+        "X-SLO-Target-TBT",
+        "X-SLO-Waiting-Time",
+        "X-Program-Id",
+        "X-Program-Stages",
+    )
+]
+
+
+def _openapi(schema: dict[str, Any]) -> dict[str, Any]:
+    responses = {
+        str(code): {"description": desc, "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
+        for code, desc in (
+            (400, "bad input"),
+            (401, "missing or invalid API key"),
+            (404, "unknown model"),
+            (413, "body too large"),
+            (429, "SLO unattainable or router overloaded"),
+            (503, "no replica, or dropped past waiting_time"),
+        )
+    }
+    return {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
+        "parameters": _SLO_HEADERS,
+        "responses": {
+            "200": {"description": "OpenAI response (JSON, or SSE when stream is true)"},
+            **responses,
+        },
+    }
+
+
+def create_app(router: Router, background: list[Callable[[], Awaitable[None]]] | None = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        tasks = [asyncio.create_task(fn()) for fn in (background or [])]
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await router.client.aclose()
+
+    app = FastAPI(
+        title="JITServe router",
+        version="0.1.0",
+        description="OpenAI-compatible endpoint with SLO admission and power-of-K placement (docs/api.md).",
+        lifespan=lifespan,
+    )
+    app.state.router = router
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(
+            RouterError(exc.status_code, str(exc.detail), "invalid_request_error", None, code)
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
+        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        param = ".".join(str(p) for p in err.get("loc", ()))
+        return error_response(
+            RouterError(400, f"{param}: {err.get('msg')}", "invalid_request_error", param, "invalid_request")
+        )
+
+    @app.post("/v1/chat/completions", openapi_extra=_openapi(CHAT_SCHEMA), response_model=None)
+    async def chat(request: Request) -> Response:
+        return await router.handle("chat", request)
+
+    @app.post("/v1/completions", openapi_extra=_openapi(COMPLETION_SCHEMA), response_model=None)
+    async def completions(request: Request) -> Response:
+        return await router.handle("completion", request)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        names = sorted(router.pool.models() | router.config.served_models)
+        created = int(time.time())
+        return {
+            "object": "list",
+            "data": [{"id": n, "object": "model", "created": created, "owned_by": "jitserve"} for n in names],
+        }
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", response_model=None)
+    async def readyz() -> Response:
+        counts = router.pool.health_counts()
+        usable = counts["fresh"] + counts["stale"] + counts["stateless"]
+        if usable == 0:
+            return JSONResponse(
+                {"status": "not ready", "reason": "no engine replica is usable", "replicas": counts}, 503
+            )
+        return JSONResponse({"status": "ready", "replicas": counts})
+
+    @app.get("/metrics", response_model=None)
+    async def metrics() -> Response:
+        for health, n in router.pool.health_counts().items():
+            router.metrics.replicas.labels(health).set(n)
+        return Response(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/jitserve/status")
+    async def status() -> dict[str, Any]:
+        return router.status()
+
+    return app

@@ -1,0 +1,27 @@
+"""The router's settings: one frozen dataclass built from flags and environment by cli.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jitserve.router.replicas import Defaults
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    k: int | None = None  # pods sampled per request (None: all)
+    max_inflight: int = 4096  # requests open in the router at once; beyond: 429 router_overloaded
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_retries: int = 2  # other pods tried when a pod fails before the first token
+    connect_timeout_s: float = 2.0
+    read_timeout_s: float = 600.0  # longest silence tolerated from an engine mid-response
+    first_token_grace_s: float = 5.0  # streaming: waiting_time + prefill estimate + this, then drop
+    default_max_tokens: int = 1024  # length bound when the request gives no max_tokens
+    drop_finish_reasons: frozenset[str] = frozenset({"abort"})  # engine finish reasons meaning "dropped"
+    served_models: frozenset[str] = frozenset()  # extra names /v1/models lists (engines report theirs)
+    program_idle_timeout_s: float = 60.0
+    max_programs: int = 10_000
+    prefix_cache_entries: int = 50_000
+    status_window_s: int = 60
+    seed: int | None = None
+    defaults: Defaults = field(default_factory=Defaults)

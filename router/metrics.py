@@ -1,0 +1,116 @@
+"""Prometheus metrics of the router (`GET /metrics`), one registry per app so tests can run several.
+
+Names follow Prometheus conventions: `jitserve_router_` prefix, base units in the name (`_seconds`),
+`_total` on counters. Label values are bounded: SLO class names come from the class table (or
+"custom" / "best-effort"), pods from discovery, reasons and codes from fixed sets in the code.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+# `_created` series double the exposition size and no dashboard here reads them.
+disable_created_metrics()
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0, 300.0)
+_TBT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "jitserve_router_requests_total",
+            "Requests received, by endpoint and resolved SLO class",
+            ["endpoint", "slo_class"],
+            registry=r,
+        )
+        self.admissions = Counter(
+            "jitserve_router_admissions_total",
+            "Admission decisions (admitted, downgraded, rejected)",
+            ["slo_class", "decision"],
+            registry=r,
+        )
+        self.drops = Counter(
+            "jitserve_router_drops_total",
+            "Requests ended without a full response, by reason (waiting_time, no_replica, upstream_error, "
+            "client_disconnect, router_overloaded)",
+            ["slo_class", "reason"],
+            registry=r,
+        )
+        self.bad_requests = Counter(
+            "jitserve_router_bad_requests_total",
+            "Requests refused for bad input or auth, by error code",
+            ["code"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "jitserve_router_ttft_seconds",
+            "Time to first token seen by the router, by SLO class",
+            ["slo_class"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tbt = Histogram(
+            "jitserve_router_tbt_seconds",
+            "Time between streamed chunks, by SLO class",
+            ["slo_class"],
+            buckets=_TBT_BUCKETS,
+            registry=r,
+        )
+        self.e2el = Histogram(
+            "jitserve_router_e2e_latency_seconds",
+            "End-to-end latency of finished requests, by SLO class",
+            ["slo_class"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.goodput = Counter(
+            "jitserve_router_goodput_tokens_total",
+            "Token goodput (weighted on-time tokens), by SLO class",
+            ["slo_class"],
+            registry=r,
+        )
+        self.finished = Counter(
+            "jitserve_router_finished_requests_total",
+            "Requests finished or dropped, by SLO class",
+            ["slo_class"],
+            registry=r,
+        )
+        self.slo_met = Counter(
+            "jitserve_router_slo_met_requests_total",
+            "Requests that met their SLO, by SLO class",
+            ["slo_class"],
+            registry=r,
+        )
+        self.pod_choice = Counter(
+            "jitserve_router_pod_choices_total",
+            "Requests placed on each pod",
+            ["pod"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "jitserve_router_retries_total",
+            "Requests retried on another pod before their first token",
+            ["reason"],
+            registry=r,
+        )
+        self.placement = Histogram(
+            "jitserve_router_placement_seconds",
+            "Time to decide admission and placement",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05),
+            registry=r,
+        )
+        self.inflight = Gauge("jitserve_router_inflight_requests", "Requests open in the router", registry=r)
+        self.replicas = Gauge(
+            "jitserve_router_replicas",
+            "Known engine replicas by health (fresh, stale, stateless, pending, down)",
+            ["health"],
+            registry=r,
+        )
+        self.classes_reloads = Counter(
+            "jitserve_router_class_reloads_total",
+            "SLO class table reloads, by result (ok, error)",
+            ["result"],
+            registry=r,
+        )

@@ -1,0 +1,118 @@
+"""Engine replicas as the router sees them, and the state placement runs on.
+
+Each replica's state comes from the pod itself (`GET /jitserve/state`, a `ReplicaState`). Between polls
+the router adds what it dispatched since the report, so a burst does not all land on the replica that
+looked emptiest at the last poll. When the report is stale (the pod stopped answering in time) the
+router falls back to the last known speeds plus its own in-flight count; an engine that serves no state
+at all (plain vLLM) is judged by configured default speeds. Down replicas are left out entirely.
+`effective_state` is pure; the poller and the proxy are the only writers of `Replica`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from jitserve.scheduler.placement import ReplicaState
+
+
+class Health(StrEnum):
+    PENDING = "pending"  # discovered, not yet answered a poll
+    FRESH = "fresh"  # state reported within stale_after
+    STALE = "stale"  # state older than stale_after: fallback estimate
+    STATELESS = "stateless"  # healthy but serves no /jitserve/state: defaults
+    DOWN = "down"
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """Speeds assumed for replicas without state (plain vLLM engines, or before the first report)."""
+
+    step_time_s: float = 0.05
+    prefill_tokens_per_s: float = 2000.0
+    batch_size: int = 8
+    assumed_output_tokens: int = 128  # per queued request, to turn queue length into delay
+    stale_after_s: float = 2.0
+
+
+@dataclass(eq=False)
+class Replica:
+    name: str
+    url: str  # base URL, e.g. http://10.0.0.7:8000
+    state: ReplicaState | None = None
+    state_at: float = -math.inf  # router clock (monotonic) when `state` arrived
+    models: frozenset[str] = frozenset()
+    healthy: bool = False  # answered its last poll (state or health)
+    down: bool = False  # failed its last polls, or a request failed to connect
+    failures: int = 0
+    inflight: int = 0  # requests the router has open on it
+    sent_since_state: int = 0  # dispatched after the last state report
+    chosen_total: int = 0
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def health(self, now: float, stale_after: float) -> Health:
+        if self.down:
+            return Health.DOWN
+        if not self.healthy:
+            return Health.PENDING
+        if self.state is None:
+            return Health.STATELESS
+        return Health.FRESH if now - self.state_at <= stale_after else Health.STALE
+
+    def serves(self, model: str) -> bool:
+        return model in self.models
+
+
+def _overflow_delay(queued: int, batch: int, step_time: float, defaults: Defaults) -> float:
+    """Expected wait of a request behind `queued` others when `batch` run at once."""
+    if queued <= 0:
+        return 0.0
+    return math.ceil(queued / max(batch, 1)) * defaults.assumed_output_tokens * step_time
+
+
+def effective_state(r: Replica, now_wall: float, now_mono: float, defaults: Defaults) -> ReplicaState | None:
+    """The state placement should use for `r`, or None if `r` must not receive requests."""
+    health = r.health(now_mono, defaults.stale_after_s)
+    if health in (Health.DOWN, Health.PENDING):
+        return None
+    s = r.state
+    if health is Health.FRESH:
+        assert s is not None
+        extra = r.sent_since_state
+        if extra == 0:
+            return s
+        free = max(s.batch_size - s.running - s.waiting, 0)
+        spill = max(extra - free, 0)
+        return s.model_copy(
+            update={
+                "waiting": s.waiting + extra,
+                "queue_delay_s": s.queue_delay_s
+                + _overflow_delay(spill, s.batch_size, s.step_time_s, defaults),
+                "committed_bandwidth": s.committed_bandwidth + extra,
+                "residual_capacity": s.residual_capacity - extra,
+            }
+        )
+    # STALE or STATELESS: last known speeds (or defaults) and the router's own in-flight count.
+    step = s.step_time_s if s is not None else defaults.step_time_s
+    prefill = s.prefill_tokens_per_s if s is not None else defaults.prefill_tokens_per_s
+    batch = s.batch_size if s is not None else defaults.batch_size
+    running = min(r.inflight, batch)
+    waiting = max(r.inflight - batch, 0)
+    return ReplicaState(
+        pod=r.name,
+        model=s.model if s is not None else next(iter(sorted(r.models)), ""),
+        step_time_s=step,
+        prefill_tokens_per_s=prefill,
+        batch_size=batch,
+        running=running,
+        waiting=waiting,
+        committed_bandwidth=float(r.inflight),
+        residual_capacity=float(batch - r.inflight),
+        admission_priority=s.admission_priority if (s is not None and waiting > 0) else 0.0,
+        queue_delay_s=_overflow_delay(waiting + 1 if waiting else 0, batch, step, defaults),
+        kv_usage=s.kv_usage if s is not None else 0.0,
+        cutoff=s.cutoff if s is not None else 0.95,
+        frames=s.frames if s is not None else 0,
+        updated_at=now_wall,
+    )

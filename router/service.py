@@ -1,0 +1,634 @@
+"""One request through the router: parse, authenticate, resolve the SLO, admit, place, proxy, account.
+
+The decisions are the pure functions of inbound.py, admission.py, programs.py and outbound.py; this
+module is the adapter that runs them on the event loop and moves bytes with httpx. Streams are relayed
+chunk by chunk (never buffered whole); the first chunk is read before the response is committed, so a
+pod that fails before the first token is retried on another pod and a drop becomes a real HTTP error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import math
+import time
+import uuid
+from array import array
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from jitserve.router.accounting import Accounting
+from jitserve.router.admission import Action, Decision, decide
+from jitserve.router.auth import Keyring
+from jitserve.router.classes import ClassRegistry
+from jitserve.router.config import RouterConfig
+from jitserve.router.errors import RouterError, bad_request, rate_limited, unavailable
+from jitserve.router.inbound import Inbound, Kind, body_too_large, parse_inbound, parse_json_object
+from jitserve.router.locality import PrefixIndex
+from jitserve.router.metrics import RouterMetrics
+from jitserve.router.outbound import engine_xargs, forward_body
+from jitserve.router.pool import Pool
+from jitserve.router.programs import Program, ProgramTracker, StagePlan
+from jitserve.router.replicas import Replica
+from jitserve.scheduler.goodput import Goodput, RequestRecord
+from jitserve.scheduler.requests import NewRequest
+from jitserve.scheduler.slo import SLO, OverloadAction, SLOError, SLOType, resolve_request_slo
+
+log = logging.getLogger("jitserve.router")
+
+PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+_RETRYABLE = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.PoolTimeout,
+)
+_NO_RETRY = {"x-should-retry": "false"}  # tells the OpenAI SDK not to retry (the SLO is already lost)
+
+
+@dataclass(slots=True)
+class Flight:
+    """Bookkeeping of one admitted request while it runs."""
+
+    request_id: str
+    slo_class: str
+    slo: SLO
+    arrival: float
+    input_len: int
+    program_id: str | None
+    token_times: array = field(default_factory=lambda: array("d"))
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    dropped: bool = False
+    finish: float | None = None
+
+
+class Router:
+    def __init__(
+        self,
+        config: RouterConfig,
+        pool: Pool,
+        classes: ClassRegistry,
+        keyring: Keyring,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.classes = classes
+        self.keyring = keyring
+        self.metrics = RouterMetrics()
+        self.accounting = Accounting(config.status_window_s)
+        self.programs = ProgramTracker(
+            config.max_programs, config.program_idle_timeout_s, on_finish=self._program_done
+        )
+        self.prefixes = PrefixIndex(config.prefix_cache_entries)
+        self.rng = np.random.default_rng(config.seed)
+        self.client = client or make_client(config)
+        self.inflight = 0
+        self.tenants: dict[str, int] = {}
+        self._ids = itertools.count()
+        self.clock = pool.clock
+
+    # -- entry point ---------------------------------------------------------------------------------
+    async def handle(self, kind: Kind, request: Request) -> Response:
+        if self.inflight >= self.config.max_inflight:
+            self.metrics.drops.labels("unknown", "router_overloaded").inc()
+            return error_response(
+                rate_limited(
+                    f"router is at its limit of {self.config.max_inflight} open requests; retry later",
+                    "router_overloaded",
+                    1.0,
+                )
+            )
+        self.inflight += 1
+        self.metrics.inflight.inc()
+        handed_off = False
+        try:
+            response = await self._handle(kind, request)
+            handed_off = isinstance(response, RelayResponse)
+            return response
+        except RouterError as err:
+            if err.status in (400, 401, 404, 413):
+                self.metrics.bad_requests.labels(err.code or "invalid").inc()
+            return error_response(err)
+        finally:
+            if not handed_off:  # a stream releases its slot when it ends
+                self._release_slot()
+
+    def _release_slot(self) -> None:
+        self.inflight -= 1
+        self.metrics.inflight.dec()
+
+    async def _handle(self, kind: Kind, request: Request) -> Response:
+        arrival = self.clock()
+        raw = await read_body(request, self.config.max_body_bytes)
+        tenant = self.keyring.tenant(request.headers.get("authorization"))
+        inbound = parse_inbound(kind, parse_json_object(raw), request.headers)
+        self._check_model(inbound.model)
+        slo_class, slo, overload, per_stage = self._resolve(inbound)
+        self.metrics.requests.labels(kind, slo_class).inc()
+        plan = self._stage(inbound, slo_class, slo, arrival, per_stage)
+        max_tokens = inbound.max_tokens or self.config.default_max_tokens
+        request_id = request.headers.get("x-request-id") or f"jr-{uuid.uuid4().hex[:16]}"
+        new = NewRequest(
+            request_id=request_id,
+            slo=slo,
+            arrival=arrival,
+            input_len=inbound.input_len,
+            max_tokens=max_tokens,
+            len_ub=self._length_bound(inbound, max_tokens),
+            deadline_abs=plan.deadline_abs if plan else None,
+            program_goodput=plan.program_goodput if plan else 0.0,
+            tenant=self._tenant_id(tenant),
+        )
+        try:
+            return await self._dispatch(inbound, new, slo_class, overload, tenant, plan)
+        except RouterError as err:
+            if inbound.program_id is not None and plan is not None:
+                self.programs.end_call(
+                    inbound.program_id, RequestRecord(slo, arrival, inbound.input_len, dropped=True)
+                )
+            raise err
+
+    # -- resolution ----------------------------------------------------------------------------------
+    def _check_model(self, model: str) -> None:
+        known = self.pool.models() | self.config.served_models
+        if known and model not in known:
+            raise RouterError(
+                404,
+                f"model {model!r} is not served here (available: {', '.join(sorted(known))})",
+                "invalid_request_error",
+                "model",
+                "model_not_found",
+            )
+
+    def _resolve(self, inbound: Inbound) -> tuple[str, SLO, OverloadAction, float | None]:
+        table = self.classes.table
+        fields = dict(inbound.slo_fields)
+        if inbound.program_id is not None and not fields.keys() - {"waiting_time"}:
+            # A program id without an SLO: the pool's compound class, so the program gets one deadline.
+            compound = sorted(n for n, s in table.classes.items() if s.type is SLOType.COMPOUND)
+            if compound:
+                fields["slo_class"] = "compound" if "compound" in compound else compound[0]
+        try:
+            name, slo = resolve_request_slo(
+                fields, table.classes, table.default_class(), inbound.program_stages or 1
+            )
+        except SLOError as exc:
+            code = "unknown_slo_class" if exc.field == "slo_class" else "invalid_slo"
+            raise bad_request(str(exc), param=exc.field, code=code) from None
+        spec = table.classes.get(name)
+        overload = spec.overload if spec is not None else OverloadAction.REJECT
+        per_stage = None
+        if spec is not None and spec.perStage and inbound.program_stages is None and "deadline" not in fields:
+            per_stage = spec.deadlineSeconds
+        return name, slo, overload, per_stage
+
+    def _stage(
+        self, inbound: Inbound, slo_class: str, slo: SLO, now: float, per_stage: float | None
+    ) -> StagePlan | None:
+        if inbound.program_id is None or slo.type is not SLOType.COMPOUND:
+            return None
+        return self.programs.begin_stage(
+            inbound.program_id, slo_class, slo, now, inbound.program_stages, per_stage
+        )
+
+    def _length_bound(self, inbound: Inbound, max_tokens: int) -> int:
+        # The analyzer's QRF bound plugs in here once it lands; until then max_tokens is the only
+        # bound that is never too small (docs/decisions/router.md).
+        return max_tokens
+
+    def _tenant_id(self, tenant: str) -> int:
+        tid = self.tenants.get(tenant)
+        if tid is None:
+            tid = self.tenants[tenant] = len(self.tenants)
+        return tid
+
+    # -- admission, placement, proxying --------------------------------------------------------------
+    async def _dispatch(
+        self,
+        inbound: Inbound,
+        new: NewRequest,
+        slo_class: str,
+        overload: OverloadAction,
+        tenant: str,
+        plan: StagePlan | None,
+    ) -> Response:
+        tried: set[str] = set()
+        attempts = 0
+        while True:
+            reps, states = await self._candidates(inbound, new, tried)
+            t0 = time.perf_counter()
+            names = [r.name for r in reps]
+            decision = decide(
+                new,
+                slo_class,
+                overload,
+                self.classes.table.classes,
+                states,
+                self.clock(),
+                k=self.config.k,
+                cached_tokens=self.prefixes.cached_tokens(inbound.prefix_key, names, new.input_len),
+                rng=self.rng,
+            )
+            self.metrics.placement.observe(time.perf_counter() - t0)
+            if attempts == 0:
+                self.metrics.admissions.labels(slo_class, decision.action.value).inc()
+            if decision.action is Action.REJECT:
+                raise rate_limited(
+                    f"no engine replica can meet this request's SLO (class {slo_class!r}): {decision.reason}",
+                    "slo_unattainable",
+                    decision.retry_after_s or 1.0,
+                )
+            assert decision.replica is not None
+            replica = reps[decision.replica]
+            result = await self._try_replica(inbound, decision, replica, tenant, plan)
+            if isinstance(result, Response):
+                return result
+            tried.add(replica.name)
+            attempts += 1
+            self.metrics.retries.labels(result).inc()
+            if attempts > self.config.max_retries:
+                self.metrics.drops.labels(slo_class, "upstream_error").inc()
+                raise unavailable(
+                    f"engine pods failed before the first token ({attempts} tried; last: {result})",
+                    "upstream_unavailable",
+                )
+
+    async def _candidates(
+        self, inbound: Inbound, new: NewRequest, tried: set[str]
+    ) -> tuple[list[Replica], list[Any]]:
+        """Usable replicas for the model; waits (up to waiting_time) while there are none."""
+        deadline = new.arrival + new.slo.waiting_time
+        exclude = frozenset(tried)
+        while True:
+            reps, states = self.pool.candidates(inbound.model, exclude)
+            if reps:
+                return reps, states
+            left = deadline - self.clock()
+            if left <= 0 or tried:
+                self.metrics.drops.labels("unknown" if not tried else "retry", "no_replica").inc()
+                raise unavailable(
+                    "no engine replica is available for model "
+                    f"{inbound.model!r}"
+                    + (
+                        " (all tried pods failed)"
+                        if tried
+                        else f" within waiting_time {new.slo.waiting_time:g}s"
+                    ),
+                    "no_replica",
+                )
+            self.pool.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.pool.changed.wait(), timeout=min(left, self.pool.poll_interval_s))
+
+    async def _try_replica(
+        self, inbound: Inbound, decision: Decision, replica: Replica, tenant: str, plan: StagePlan | None
+    ) -> Response | str:
+        """Send to one replica: the response, or a retry reason if it failed before the first token."""
+        new = decision.request
+        now = self.clock()
+        deadline_rel = None
+        if new.deadline_abs is not None:
+            deadline_rel = new.deadline_abs - now
+        xargs = engine_xargs(
+            decision.slo_class,
+            new.slo,
+            tenant,
+            deadline_rel,
+            inbound.program_id,
+            plan.stage if plan else None,
+            plan.program_goodput if plan else 0.0,
+        )
+        body = forward_body(inbound.body, xargs)
+        headers = {
+            "content-type": "application/json",
+            "accept-encoding": "identity",
+            "x-request-id": new.request_id,
+        }
+        req = self.client.build_request(
+            "POST", replica.url + PATHS[inbound.kind], content=body, headers=headers
+        )
+        self.pool.dispatched(replica)
+        flight = Flight(
+            new.request_id, decision.slo_class, new.slo, new.arrival, new.input_len, inbound.program_id
+        )
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.pool.released(replica)
+
+        try:
+            upstream = await self.client.send(req, stream=True)
+        except _RETRYABLE as exc:
+            release()
+            self.pool.connect_failed(replica)
+            log.warning("pod %s failed before the first token: %r", replica.name, exc)
+            return type(exc).__name__
+        if upstream.status_code >= 500:
+            await upstream.aclose()
+            release()
+            return f"http_{upstream.status_code}"
+        out_headers = {
+            "x-jitserve-pod": replica.name,
+            "x-jitserve-slo-class": decision.slo_class,
+            "x-jitserve-admission": decision.action.value,
+            "x-request-id": new.request_id,
+        }
+        if upstream.status_code != 200:
+            # The engine's own 4xx (its validation): pass it back as it is.
+            content = await upstream.aread()
+            await upstream.aclose()
+            release()
+            return Response(content, upstream.status_code, out_headers, upstream.headers.get("content-type"))
+        self.metrics.pod_choice.labels(replica.name).inc()
+        self.prefixes.served(inbound.prefix_key, replica.name)
+        if not inbound.stream:
+            return await self._unary(upstream, flight, out_headers, release)
+        return await self._stream(upstream, flight, out_headers, release, replica)
+
+    async def _unary(
+        self, upstream: httpx.Response, flight: Flight, headers: dict[str, str], release: Any
+    ) -> Response | str:
+        try:
+            content = await upstream.aread()
+        except _RETRYABLE as exc:
+            release()
+            return type(exc).__name__
+        finally:
+            await upstream.aclose()
+        release()
+        now = self.clock()
+        finish_reason = None
+        try:
+            doc = json.loads(content)
+            usage = doc.get("usage") or {}
+            flight.prompt_tokens = usage.get("prompt_tokens")
+            flight.completion_tokens = usage.get("completion_tokens")
+            choices = doc.get("choices") or []
+            finish_reason = choices[0].get("finish_reason") if choices else None
+        except (ValueError, AttributeError, TypeError):
+            pass
+        n = flight.completion_tokens or 0
+        flight.token_times.extend([now] * n)
+        if finish_reason in self.config.drop_finish_reasons:
+            flight.dropped = True
+            self._finish(flight, now, "waiting_time")
+            return error_response(self._drop_error(flight), extra=_NO_RETRY)
+        flight.finish = now
+        self._finish(flight, now, None)
+        return Response(content, 200, headers, "application/json")
+
+    async def _stream(
+        self,
+        upstream: httpx.Response,
+        flight: Flight,
+        headers: dict[str, str],
+        release: Any,
+        replica: Replica,
+    ) -> Response | str:
+        chunks = upstream.aiter_raw()
+        first_timeout = (
+            flight.slo.waiting_time
+            + self.config.first_token_grace_s
+            + (
+                flight.input_len
+                / (
+                    replica.state.prefill_tokens_per_s
+                    if replica.state
+                    else self.pool.defaults.prefill_tokens_per_s
+                )
+            )
+        )
+        try:
+            first = await asyncio.wait_for(anext(chunks), timeout=first_timeout)
+        except (StopAsyncIteration, *_RETRYABLE) as exc:
+            await upstream.aclose()
+            release()
+            return type(exc).__name__
+        except TimeoutError:
+            # Not started within waiting_time (plus prefill and grace): closing the stream aborts it in
+            # the engine, and the client learns why.
+            await upstream.aclose()
+            release()
+            flight.dropped = True
+            self._finish(flight, self.clock(), "waiting_time")
+            return error_response(self._drop_error(flight), extra=_NO_RETRY)
+        if self._is_drop(first):
+            await upstream.aclose()
+            release()
+            flight.dropped = True
+            self._finish(flight, self.clock(), "waiting_time")
+            return error_response(self._drop_error(flight), extra=_NO_RETRY)
+        self._tokens(flight, first)
+        state = {"reason": "client_disconnect", "closed": False}
+
+        async def close() -> None:
+            # Idempotent; runs from the relay's finally, or from RelayResponse if the relay never started.
+            if state["closed"]:
+                return
+            state["closed"] = True
+            await upstream.aclose()
+            release()
+            if state["reason"] == "client_disconnect":
+                flight.dropped = True
+            self._finish(flight, self.clock(), state["reason"])
+            self._release_slot()
+
+        return RelayResponse(
+            self._relay(first, chunks, flight, state, close),
+            close,
+            status_code=200,
+            headers=headers,
+            media_type=upstream.headers.get("content-type", "text/event-stream"),
+        )
+
+    async def _relay(
+        self, first: bytes, chunks: AsyncIterator[bytes], flight: Flight, state: dict[str, Any], close: Any
+    ) -> AsyncIterator[bytes]:
+        try:
+            yield first
+            async for chunk in chunks:
+                if self._is_drop(chunk):
+                    flight.dropped = True
+                    state["reason"] = "waiting_time"
+                    yield chunk.split(b"data: [DONE]", 1)[0]
+                    yield self._drop_error(flight).sse_event() + b"data: [DONE]\n\n"
+                    return
+                self._tokens(flight, chunk)
+                yield chunk
+            flight.finish = self.clock()
+            state["reason"] = None
+        except (*_RETRYABLE, httpx.ReadTimeout) as exc:
+            flight.dropped = True
+            state["reason"] = "upstream_error"
+            err = RouterError(
+                502,
+                f"engine pod failed mid-stream: {type(exc).__name__}",
+                "api_error",
+                None,
+                "upstream_failed",
+            )
+            yield err.sse_event() + b"data: [DONE]\n\n"
+        finally:
+            await close()
+
+    # -- stream inspection ---------------------------------------------------------------------------
+    def _is_drop(self, chunk: bytes) -> bool:
+        if b'"finish_reason":"' not in chunk and b'"finish_reason": "' not in chunk:
+            return False
+        return any(
+            (f'"finish_reason":"{r}"'.encode() in chunk) or (f'"finish_reason": "{r}"'.encode() in chunk)
+            for r in self.config.drop_finish_reasons
+        )
+
+    def _tokens(self, flight: Flight, chunk: bytes) -> None:
+        """One SSE event per generated token (vLLM streams one per step): record its time."""
+        events = chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+        if events <= 0:
+            return
+        now = self.clock()
+        times = flight.token_times
+        if times:
+            self.metrics.tbt.labels(flight.slo_class).observe(now - times[-1])
+        else:
+            self.metrics.ttft.labels(flight.slo_class).observe(now - flight.arrival)
+        times.extend(itertools.repeat(now, events))
+        if b'"usage":{' in chunk:
+            self._usage_from_sse(flight, chunk)
+
+    @staticmethod
+    def _usage_from_sse(flight: Flight, chunk: bytes) -> None:
+        for line in chunk.split(b"\n"):
+            if line.startswith(b"data: {") and b'"usage":{' in line:
+                try:
+                    usage = json.loads(line[6:]).get("usage") or {}
+                except ValueError:
+                    continue
+                flight.prompt_tokens = usage.get("prompt_tokens", flight.prompt_tokens)
+                flight.completion_tokens = usage.get("completion_tokens", flight.completion_tokens)
+
+    def _drop_error(self, flight: Flight) -> RouterError:
+        return unavailable(
+            f"request dropped: not started within its waiting_time of {flight.slo.waiting_time:g}s "
+            f"(SLO class {flight.slo_class!r})",
+            "waiting_time_exceeded",
+            retry_after=None,
+        )
+
+    # -- accounting ----------------------------------------------------------------------------------
+    def _finish(self, flight: Flight, now: float, drop_reason: str | None) -> None:
+        if drop_reason is not None:
+            self.metrics.drops.labels(flight.slo_class, drop_reason).inc()
+        input_len = flight.prompt_tokens if isinstance(flight.prompt_tokens, int) else flight.input_len
+        record = RequestRecord(
+            slo=flight.slo,
+            arrival=flight.arrival,
+            input_len=input_len,
+            token_times=np.frombuffer(flight.token_times),
+            finish=flight.finish,
+            dropped=flight.dropped,
+        )
+        if flight.finish is not None:
+            self.metrics.e2el.labels(flight.slo_class).observe(flight.finish - flight.arrival)
+        if flight.program_id is not None and flight.slo.type is SLOType.COMPOUND:
+            self.programs.end_call(flight.program_id, record)
+            self.programs.expire(now)
+            return  # counted once, as a program, when the program ends
+        g = self.accounting.record(flight.slo_class, record, now)
+        self._count(flight.slo_class, g)
+
+    def _count(self, slo_class: str, g: Goodput) -> None:
+        self.metrics.finished.labels(slo_class).inc()
+        self.metrics.goodput.labels(slo_class).inc(g.tokens)
+        if g.met:
+            self.metrics.slo_met.labels(slo_class).inc()
+
+    def _program_done(self, prog: Program, g: Goodput) -> None:
+        possible = sum(
+            c.slo.weights.input * c.input_len + c.slo.weights.output * c.output_len for c in prog.calls
+        )
+        self.accounting.record_program(prog.slo_class, g, possible, self.clock(), prog.dropped)
+        self._count(prog.slo_class, g)
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        self.programs.expire(now)
+        return {
+            "classes": self.accounting.status(now),
+            "window_seconds": self.config.status_window_s,
+            "inflight": self.inflight,
+            "programs": len(self.programs),
+            "replicas": {
+                r.name: {
+                    "url": r.url,
+                    "health": r.health(now, self.pool.defaults.stale_after_s).value,
+                    "inflight": r.inflight,
+                    "chosen_total": r.chosen_total,
+                    "models": sorted(r.models),
+                }
+                for r in self.pool.replicas.values()
+            },
+            "class_source": self.classes.table.source,
+            "class_error": self.classes.last_error,
+        }
+
+
+class RelayResponse(StreamingResponse):
+    """A relayed stream whose cleanup runs even if the client vanished before the body started."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Any, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
+
+
+def make_client(config: RouterConfig) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(
+            config.read_timeout_s, connect=config.connect_timeout_s, pool=config.connect_timeout_s
+        ),
+        limits=httpx.Limits(max_connections=config.max_inflight + 64, max_keepalive_connections=512),
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise body_too_large(limit)
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise body_too_large(limit)
+    return bytes(buf)
+
+
+def error_response(err: RouterError, extra: Mapping[str, str] | None = None) -> Response:
+    headers = err.headers()
+    if extra:
+        headers.update(extra)
+    return Response(err.json_bytes(), err.status, headers, "application/json")
+
+
+def seconds_header(value: float) -> str:
+    return str(max(1, math.ceil(value)))

