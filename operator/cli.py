@@ -88,6 +88,6 @@ def _api_client():  # noqa: ANN202 - kubernetes types are not imported at module
 
     try:
         kubernetes.config.load_incluster_config()
+        return kubernetes.client.ApiClient()
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
+        return kubernetes.config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))

@@ -8,6 +8,7 @@ missed events (and operator restarts) cannot leave anything half-done.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import kopf
@@ -35,10 +36,32 @@ def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=api.GROUP, key="last-handled-configuration"
     )
+    # kopf adds this finalizer only for handlers that need one; ours do not (owner references clean up).
     settings.persistence.finalizer = f"{api.GROUP}/finalizer"
     settings.execution.max_workers = CONFIG.workers
     settings.posting.level = logging.WARNING  # Kubernetes Events only for problems
     settings.watching.server_timeout = 300
+
+
+@kopf.on.login()
+def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """Log kopf in with the same client configuration the reconciler uses (one source of truth)."""
+    if CONFIG.reconciler is None:
+        return kopf.login_via_client(**kwargs)
+    cfg = CONFIG.reconciler.kube.api_client.configuration
+    if getattr(cfg, "refresh_api_key_hook", None) is not None:
+        cfg.refresh_api_key_hook(cfg)  # in-cluster tokens rotate
+    token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+    if token and token.lower().startswith("bearer "):
+        token = token[len("bearer ") :]
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        token=token,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
 
 
 @kopf.index(api.SERVINGPOOL_PLURAL)
@@ -61,13 +84,44 @@ def pool_changed(namespace: str, name: str, **_: Any) -> None:
 @kopf.on.event(api.SERVINGPOOL_PLURAL)
 def pool_event(pool_classes: kopf.Index, **_: Any) -> None:
     """Any pool event (including deletion) may change which pools use which class."""
+    RESYNC.index = pool_classes
     _rec().refresh_class_statuses(_pools(pool_classes))
 
 
-@kopf.timer(api.SERVINGPOOL_PLURAL, interval=CONFIG.resync_seconds, initial_delay=CONFIG.resync_seconds / 2)
-def pool_resync(namespace: str, name: str, **_: Any) -> None:
-    """Periodic resync: router-reported goodput into status, and repair of anything missed."""
-    _rec().reconcile(namespace, name, read_router=True)
+class _Resync:
+    """Periodic resync in a thread of our own: router-reported goodput into each pool's status, and
+    repair of anything an event missed. Not a kopf timer: kopf puts a finalizer on every object
+    with a timer, and owner references already make deletion complete without one."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.index: kopf.Index | None = None
+
+    def run(self) -> None:
+        while not self.stop.wait(CONFIG.resync_seconds):
+            for ns, name, _ in _pools(self.index) if self.index is not None else []:
+                if self.stop.is_set():
+                    return
+                try:
+                    _rec().reconcile(ns, name, read_router=True)
+                except Exception:  # noqa: BLE001 - one pool's failure must not stop the others
+                    log.exception("resync of pool %s/%s failed", ns, name)
+
+
+RESYNC = _Resync()
+
+
+@kopf.on.startup()
+def _start_resync(**_: Any) -> None:
+    RESYNC.stop.clear()
+    RESYNC.thread = threading.Thread(target=RESYNC.run, name="jitserve-resync", daemon=True)
+    RESYNC.thread.start()
+
+
+@kopf.on.cleanup()
+def _stop_resync(**_: Any) -> None:
+    RESYNC.stop.set()
 
 
 @kopf.on.event(api.SLOCLASS_PLURAL)

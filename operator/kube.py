@@ -58,6 +58,10 @@ class Kube:
             api_client = kubernetes.client.ApiClient()
         self._client = api_client
 
+    @property
+    def api_client(self) -> Any:
+        return self._client
+
     def _call(
         self,
         method: str,
@@ -68,23 +72,30 @@ class Kube:
     ) -> Any:
         from kubernetes.client.exceptions import ApiException
 
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
         try:
-            resp = self._client.call_api(
-                url,
-                method,
-                query_params=query or [],
-                body=body,
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=30,
-            )
+            if hasattr(self._client, "param_serialize"):  # kubernetes >= 35 (the new generator)
+                request = self._client.param_serialize(
+                    method, url, query_params=query or [], header_params=headers, body=body,
+                    auth_settings=["BearerToken"],
+                )  # fmt: skip
+                resp = self._client.call_api(*request, _request_timeout=30)
+                status, data = resp.status, resp.read()
+            else:
+                resp = self._client.call_api(
+                    url, method, query_params=query or [], body=body, header_params=headers,
+                    auth_settings=["BearerToken"], _preload_content=False, _request_timeout=30,
+                )  # fmt: skip
+                status, data = resp[0].status, resp[0].data
         except ApiException as exc:
-            message = exc.reason or ""
-            with contextlib.suppress(TypeError, ValueError):
-                message = json.loads(exc.body).get("message", message)
-            raise ApiError(int(exc.status or 0), message) from None
-        data = resp[0].data
+            status, data = int(exc.status or 0), exc.body
+            if not data:
+                raise ApiError(status, exc.reason or "") from None
+        if status >= 400:
+            message = ""
+            with contextlib.suppress(TypeError, ValueError, AttributeError):
+                message = json.loads(data).get("message", "")
+            raise ApiError(status, message or str(data)[:500])
         return json.loads(data) if data else None
 
     def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:

@@ -1,0 +1,10 @@
+"""The emulated Kubernetes cluster of the tests: kmock extended into an API server (apiserver.py),
+CRD admission with OpenAPI and CEL (admission.py), a thread runner with a kubeconfig (cluster.py)
+and emulated built-in controllers (controllers.py). Reused by the e2e tests and bench/operator.py.
+"""
+
+from .apiserver import EmulatedApiServer
+from .cluster import EmulatedCluster, kubeconfig_env
+from .controllers import EmulatedDeploymentController
+
+__all__ = ["EmulatedApiServer", "EmulatedCluster", "EmulatedDeploymentController", "kubeconfig_env"]
