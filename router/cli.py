@@ -208,6 +208,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-programs", type=int, default=_env("max-programs", 10000), help="programs tracked at once"
     )
     g.add_argument(
+        "--length-predictor",
+        default=_env("length-predictor", "qrf"),
+        choices=["qrf", "max-tokens"],
+        help="output-length bound: the analyzer's QRF learned online from finished requests, or max_tokens",
+    )
+    g.add_argument(
+        "--subdeadlines",
+        default=_env("subdeadlines", "pattern-graph"),
+        choices=["pattern-graph", "remaining"],
+        help="compound stage sub-deadlines: matched pattern graphs, or the whole remaining budget",
+    )
+    g.add_argument(
         "--status-window",
         type=int,
         default=_env("status-window", 60),
@@ -250,6 +262,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         program_idle_timeout_s=args.program_idle_timeout,
         max_programs=args.max_programs,
         status_window_s=args.status_window,
+        length_predictor=args.length_predictor == "qrf",
+        pattern_graphs=args.subdeadlines == "pattern-graph",
         seed=args.seed,
         defaults=defaults,
     )

@@ -23,5 +23,7 @@ class RouterConfig:
     max_programs: int = 10_000
     prefix_cache_entries: int = 50_000
     status_window_s: int = 60
+    length_predictor: bool = True  # QRF output-length bounds learned from finished requests
+    pattern_graphs: bool = True  # compound sub-deadlines from matched pattern graphs
     seed: int | None = None
     defaults: Defaults = field(default_factory=Defaults)

@@ -1,8 +1,10 @@
 """What the router sends to the engine: the client's body plus the resolved SLO in `vllm_xargs`.
 
-The engine gets absolute numbers (seconds, relative to its own arrival time), not only a class name, so
-a router and an engine that briefly disagree about a class (a ConfigMap edit propagating) still agree
-about this request. A compound stage carries its sub-deadline D_s as `deadline`.
+Keys are the engine's contract (scheduler/engine/xargs.py). The engine gets explicit numbers, not
+only a class name, so a router and an engine that briefly disagree about a class (a ConfigMap edit
+propagating) still agree about this request; a class the engine does not know is never sent (the
+engine would fall back to its default class). A compound stage carries its sub-deadline D_s as
+`stage_deadline` and the program's remaining budget as `deadline`, both relative to now.
 """
 
 from __future__ import annotations
@@ -10,24 +12,41 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jitserve.router.inbound import SLO_BODY_FIELDS
 from jitserve.scheduler.slo import SLO, SLOType
 
 CUSTOM_CLASS = "custom"  # resolve_request_slo's name for explicit fields without a class
-MIN_DEADLINE_S = 0.001
+MIN_SECONDS = 0.001
+# Every key the engine schedules by (scheduler/engine/xargs.py): only the router may set them.
+ENGINE_KEYS = frozenset(
+    {
+        "slo_class",
+        "deadline",
+        "target_ttft",
+        "target_tbt",
+        "waiting_time",
+        "program_id",
+        "stages",
+        "stage_deadline",
+        "program_goodput",
+        "tenant",
+        "length_bound",
+    }
+)
 
 
 def engine_xargs(
     slo_class: str,
     slo: SLO,
     tenant: str,
+    send_class: bool = True,
     deadline_rel: float | None = None,
+    stage_deadline_rel: float | None = None,
     program_id: str | None = None,
-    program_stage: int | None = None,
     program_goodput: float = 0.0,
+    length_bound: int | None = None,
 ) -> dict[str, Any]:
-    x: dict[str, Any] = {"waiting_time": slo.waiting_time, "slo_type": slo.type.value, "tenant": tenant}
-    if slo_class != CUSTOM_CLASS:
+    x: dict[str, Any] = {"waiting_time": slo.waiting_time, "tenant": tenant}
+    if send_class and slo_class != CUSTOM_CLASS:
         x["slo_class"] = slo_class
     if slo.type is SLOType.LATENCY:
         x["target_ttft"] = slo.ttft
@@ -35,21 +54,24 @@ def engine_xargs(
             x["target_tbt"] = slo.tbt
     else:
         deadline = slo.deadline if deadline_rel is None else deadline_rel
-        x["deadline"] = max(float(deadline or 0.0), MIN_DEADLINE_S)
+        x["deadline"] = max(float(deadline or 0.0), MIN_SECONDS)
     if program_id is not None:
         x["program_id"] = program_id
-        x["program_stage"] = program_stage
-        x["program_goodput"] = program_goodput
-    x["w_in"], x["w_out"] = slo.weights.input, slo.weights.output
+        x["program_goodput"] = float(program_goodput)
+        if stage_deadline_rel is not None:
+            x["stage_deadline"] = max(stage_deadline_rel, MIN_SECONDS)
+    if length_bound is not None:
+        x["length_bound"] = int(length_bound)
     return x
 
 
 def forward_body(body: dict[str, Any], xargs: dict[str, Any]) -> bytes:
-    """The engine's request body. The client's own vllm_xargs survive, except SLO keys: the router's
-    resolution wins, so a client cannot give itself a tighter SLO than admission checked."""
+    """The engine's request body. The client's own vllm_xargs survive except the engine's scheduling
+    keys: the router's resolution wins, so a client cannot give itself a tighter SLO than admission
+    checked, another tenant, or a smaller length bound."""
     out = dict(body)
     client = out.get("vllm_xargs")
-    merged = {k: v for k, v in client.items() if k not in SLO_BODY_FIELDS} if isinstance(client, dict) else {}
+    merged = {k: v for k, v in client.items() if k not in ENGINE_KEYS} if isinstance(client, dict) else {}
     merged.update(xargs)
     out["vllm_xargs"] = merged
     return json.dumps(out, separators=(",", ":")).encode()

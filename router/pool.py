@@ -115,8 +115,9 @@ class Pool:
                 state = ReplicaState.model_validate_json(resp.content)
                 r.state, r.state_at, r.sent_since_state = state, self.clock(), 0
                 r.models = r.models | {state.model}
-            elif resp.status_code == 404:
-                # A plain engine without JITServe state: healthy if /health answers.
+            elif resp.status_code in (404, 503):
+                # 404: a plain engine without JITServe state; 503: a JITServe engine before its first
+                # frame (frames run only once requests arrive). Either way: healthy if /health answers.
                 r.state = None
                 (await client.get(r.url + "/health", timeout=self.poll_timeout_s)).raise_for_status()
             else:

@@ -1,16 +1,20 @@
 """Compound programs: calls sharing a program id form one program with one deadline D.
 
-Each call (stage s, 0-based) is sent with a sub-deadline D_s so that the engine schedules the stage
-against its share of the program's budget, as in JITServe §4.1: D_s = arrival + phi(s) * D, where phi
-is the cumulative share of the program's work done after stage s. phi comes from a matched pattern
-graph when the analyzer provides one (`PhiEstimator`); without one the router falls back to:
-- with `program_stages` n from the client: phi(s) = (s + 1) / n, but never less than an even split of
-  what is left (a late stage does not inherit an already-passed sub-deadline);
-- without it: the whole remaining program budget (phi = 1), the only bound that is never too tight.
-A per-stage class with unknown stage count grows the program deadline by its per-stage budget each
-stage. The partial pattern graph (the stages seen so far: prompt and output lengths) is kept per
-program; programs end after `idle_timeout` without calls and their compound goodput is then counted.
-Memory is bounded: at most `max_programs` programs (least recently used evicted first).
+Each stage s (0-based) is sent with a sub-deadline D_s = arrival + phi(s) * D (JITServe §4.1), phi
+from the analyzer's pattern graphs (`PatternStore.plan`): the program's partial graph (stages so far
+plus the stage starting now) is matched against finished programs, and every program that ends is
+added to the history. Without a match the store falls back to a uniform split over the client's
+`program_stages` (if given) or the typical stage count. Two guards of the router's own:
+- a stage never gets less than an even split of what is left of D (a stage that starts late must
+  not inherit a sub-deadline that has already passed while the program as a whole can still finish);
+- a per-stage class with unknown stage count grows D by its per-stage budget at every new stage.
+
+Stages: calls that start while another call of the program is still open run in parallel and share
+its stage; a call that starts when none is open begins the next stage.
+
+A program ends after `idle_timeout` without open calls; its compound goodput is then counted once.
+Memory is bounded: at most `max_programs` programs (least recently used ended first), at most
+`MAX_CALLS_KEPT` calls recorded per program.
 """
 
 from __future__ import annotations
@@ -18,18 +22,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from jitserve.scheduler.analyzer.patterns import PatternGraph, PatternNode, PatternStore
 from jitserve.scheduler.goodput import Goodput, RequestRecord, program_goodput
 from jitserve.scheduler.slo import SLO
 
-MAX_STAGES_KEPT = 64  # stages of the partial pattern graph kept per program
-
-
-class PhiEstimator(Protocol):
-    def phi(self, stages: list[tuple[int, int]], stage: int) -> float | None:
-        """Cumulative share of the program's work after `stage`, from a matched pattern graph."""
-        ...
+MAX_CALLS_KEPT = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +36,15 @@ class StagePlan:
     deadline_abs: float  # D_s, absolute (router clock)
     program_deadline_abs: float
     program_goodput: float  # weighted tokens of earlier finished calls (rides on this stage)
-    source: str  # "pattern-graph", "stages-hint" or "remaining-budget"
+    source: str  # "match" (pattern graph), "fallback" (uniform split) or "remaining" (no store)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    stage: int
+    model: str
+    record: RequestRecord
+    duration_s: float | None
 
 
 @dataclass(eq=False)
@@ -47,16 +53,32 @@ class Program:
     slo_class: str
     arrival: float
     deadline_abs: float
-    per_stage: float | None  # per-stage budget when the deadline grows with each stage
+    per_stage: float | None  # per-stage budget when D grows with each stage
     stages_hint: int | None
-    stages: int = 0
+    stage: int = -1  # current stage
     open_calls: int = 0
     last_seen: float = 0.0
     last_finish: float | None = None
-    calls: list[RequestRecord] = field(default_factory=list)
-    shape: list[tuple[int, int]] = field(default_factory=list)  # partial pattern graph
+    calls: list[Call] = field(default_factory=list)
     goodput_so_far: float = 0.0
     dropped: bool = False
+
+    def graph(self, extra: tuple[int, str, int] | None = None) -> PatternGraph:
+        """The partial pattern graph: recorded calls, plus (stage, model, input_len) of one starting."""
+        nodes = [
+            PatternNode.llm(c.stage, c.model, c.record.input_len, c.record.output_len, c.duration_s)
+            for c in self.calls
+        ]
+        if extra is not None:
+            nodes.append(PatternNode.llm(extra[0], extra[1], extra[2], 0))
+        stages = sorted({n.stage for n in nodes})
+        renumber = {s: i for i, s in enumerate(stages)}  # stages whose calls were not kept leave gaps
+        return PatternGraph(
+            tuple(
+                PatternNode.llm(renumber[n.stage], n.identity, n.input_len, n.output_len, n.duration_s)
+                for n in nodes
+            )
+        )
 
 
 class ProgramTracker:
@@ -64,14 +86,15 @@ class ProgramTracker:
         self,
         max_programs: int = 10_000,
         idle_timeout: float = 60.0,
-        phi: PhiEstimator | None = None,
+        store: PatternStore | None = None,
         on_finish: Callable[[Program, Goodput], None] | None = None,
     ) -> None:
         self.max_programs = max_programs
         self.idle_timeout = idle_timeout
-        self.phi = phi
+        self.store = store
         self.on_finish = on_finish
         self._programs: OrderedDict[str, Program] = OrderedDict()
+        self._next_sweep = float("-inf")
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -87,40 +110,52 @@ class ProgramTracker:
         now: float,
         stages_hint: int | None,
         per_stage: float | None,
+        model: str = "",
+        input_len: int = 0,
     ) -> StagePlan:
-        """Register a new call of the program and return its sub-deadline."""
+        """Register a new call of the program and return its stage and sub-deadline."""
         self.expire(now)
         prog = self._programs.get(program_id)
         if prog is None:
             assert slo.deadline is not None
             while len(self._programs) >= self.max_programs:
-                self._finish(self._programs.popitem(last=False)[1])
+                self._finish(self._programs.popitem(last=False)[1], now)
             prog = Program(program_id, slo_class, now, now + slo.deadline, per_stage, stages_hint)
             self._programs[program_id] = prog
         else:
             self._programs.move_to_end(program_id)
             if stages_hint is not None:
                 prog.stages_hint = stages_hint
-        s = prog.stages
-        prog.stages += 1
+        if prog.open_calls == 0:
+            prog.stage += 1  # no call open: this call starts the next stage
+        s = prog.stage
         prog.open_calls += 1
         prog.last_seen = now
         if prog.per_stage is not None and prog.stages_hint is None:
-            prog.deadline_abs = max(prog.deadline_abs, prog.arrival + prog.per_stage * prog.stages)
+            prog.deadline_abs = max(prog.deadline_abs, prog.arrival + prog.per_stage * (s + 1))
         total = prog.deadline_abs - prog.arrival
         remaining = max(prog.deadline_abs - now, 0.0)
-        phi = self.phi.phi(prog.shape, s) if self.phi is not None else None
-        if phi is not None:
-            deadline, source = prog.arrival + min(max(phi, 0.0), 1.0) * total, "pattern-graph"
-        elif prog.stages_hint is not None and s < prog.stages_hint:
-            n = prog.stages_hint
-            even = now + remaining / (n - s)
-            deadline, source = max(prog.arrival + (s + 1) / n * total, even), "stages-hint"
+        if self.store is not None:
+            plan = self.store.plan(
+                prog.graph((s, model or "llm", input_len)),
+                completed_stages=min(s, len(prog.calls)),
+                deadline=total,
+                now=now,
+                expected_stages=prog.stages_hint,
+            )
+            deadline, source = prog.arrival + plan.deadline_for_stage(s), plan.source
+            n_left = max(plan.num_stages - s, 1)
         else:
-            deadline, source = prog.deadline_abs, "remaining-budget"
+            deadline, source = prog.deadline_abs, "remaining"
+            n_left = 1
+        if prog.stages_hint is not None:
+            n_left = max(prog.stages_hint - s, 1)
+        deadline = max(deadline, now + remaining / n_left)
         return StagePlan(s, min(deadline, prog.deadline_abs), prog.deadline_abs, prog.goodput_so_far, source)
 
-    def end_call(self, program_id: str, record: RequestRecord) -> None:
+    def end_call(
+        self, program_id: str, record: RequestRecord, model: str = "", started: float | None = None
+    ) -> None:
         """A call finished (or was dropped): extend the partial pattern graph and the program goodput."""
         prog = self._programs.get(program_id)
         if prog is None:
@@ -130,28 +165,35 @@ class ProgramTracker:
             prog.dropped = True
         else:
             prog.last_finish = max(prog.last_finish or record.finish, record.finish)
-            prog.goodput_so_far += record.slo.weights.input * record.input_len + (
-                record.slo.weights.output * record.output_len
-            )
-        if len(prog.calls) < MAX_STAGES_KEPT:
-            prog.calls.append(record)
-            prog.shape.append((record.input_len, record.output_len))
+            w = record.slo.weights
+            prog.goodput_so_far += w.input * record.input_len + w.output * record.output_len
+        if len(prog.calls) < MAX_CALLS_KEPT:
+            duration = None if record.finish is None or started is None else max(record.finish - started, 0.0)
+            prog.calls.append(Call(max(prog.stage, 0), model or "llm", record, duration))
 
-    def expire(self, now: float) -> int:
-        """End programs idle for `idle_timeout` with no call open; returns how many ended."""
+    def expire(self, now: float, force: bool = False) -> int:
+        """End programs idle for `idle_timeout` with no call open; returns how many ended.
+
+        A full sweep costs O(programs), so it runs at most once a second unless forced."""
+        if not force and now < self._next_sweep:
+            return 0
+        self._next_sweep = now + 1.0
         ended = 0
-        while self._programs:
-            prog = next(iter(self._programs.values()))
-            if prog.open_calls > 0 or now - prog.last_seen < self.idle_timeout:
-                break
-            self._programs.popitem(last=False)
-            self._finish(prog)
+        for pid in [
+            p
+            for p, prog in self._programs.items()
+            if prog.open_calls == 0 and now - prog.last_seen >= self.idle_timeout
+        ]:
+            self._finish(self._programs.pop(pid), now)
             ended += 1
         return ended
 
-    def _finish(self, prog: Program) -> None:
+    def _finish(self, prog: Program, now: float) -> None:
+        if self.store is not None and prog.calls and not prog.dropped:
+            self.store.add(prog.graph(), now=now)
         if self.on_finish is None:
             return
         finish = None if prog.dropped else prog.last_finish
-        g = program_goodput(prog.calls, prog.arrival, prog.deadline_abs - prog.arrival, finish)
+        records = [c.record for c in prog.calls]
+        g = program_goodput(records, prog.arrival, prog.deadline_abs - prog.arrival, finish)
         self.on_finish(prog, g)

@@ -28,6 +28,7 @@ from starlette.responses import Response, StreamingResponse
 
 from jitserve.router.accounting import Accounting
 from jitserve.router.admission import Action, Decision, decide
+from jitserve.router.analysis import LengthBounds
 from jitserve.router.auth import Keyring
 from jitserve.router.classes import ClassRegistry
 from jitserve.router.config import RouterConfig
@@ -39,6 +40,7 @@ from jitserve.router.outbound import engine_xargs, forward_body
 from jitserve.router.pool import Pool
 from jitserve.router.programs import Program, ProgramTracker, StagePlan
 from jitserve.router.replicas import Replica
+from jitserve.scheduler.analyzer.patterns import PatternStore
 from jitserve.scheduler.goodput import Goodput, RequestRecord
 from jitserve.scheduler.requests import NewRequest
 from jitserve.scheduler.slo import SLO, OverloadAction, SLOError, SLOType, resolve_request_slo
@@ -67,6 +69,8 @@ class Flight:
     arrival: float
     input_len: int
     program_id: str | None
+    model: str
+    max_tokens: int
     token_times: array = field(default_factory=lambda: array("d"))
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -90,8 +94,12 @@ class Router:
         self.metrics = RouterMetrics()
         self.accounting = Accounting(config.status_window_s)
         self.programs = ProgramTracker(
-            config.max_programs, config.program_idle_timeout_s, on_finish=self._program_done
+            config.max_programs,
+            config.program_idle_timeout_s,
+            store=PatternStore() if config.pattern_graphs else None,
+            on_finish=self._program_done,
         )
+        self.lengths = LengthBounds(enabled=config.length_predictor)
         self.prefixes = PrefixIndex(config.prefix_cache_entries)
         self.rng = np.random.default_rng(config.seed)
         self.client = client or make_client(config)
@@ -147,7 +155,7 @@ class Router:
             arrival=arrival,
             input_len=inbound.input_len,
             max_tokens=max_tokens,
-            len_ub=self._length_bound(inbound, max_tokens),
+            len_ub=self.lengths.bound(inbound.input_len, slo.type, slo_class, inbound.model, max_tokens),
             deadline_abs=plan.deadline_abs if plan else None,
             program_goodput=plan.program_goodput if plan else 0.0,
             tenant=self._tenant_id(tenant),
@@ -156,9 +164,8 @@ class Router:
             return await self._dispatch(inbound, new, slo_class, overload, tenant, plan)
         except RouterError as err:
             if inbound.program_id is not None and plan is not None:
-                self.programs.end_call(
-                    inbound.program_id, RequestRecord(slo, arrival, inbound.input_len, dropped=True)
-                )
+                record = RequestRecord(slo, arrival, inbound.input_len, dropped=True)
+                self.programs.end_call(inbound.program_id, record, inbound.model, arrival)
             raise err
 
     # -- resolution ----------------------------------------------------------------------------------
@@ -201,13 +208,15 @@ class Router:
         if inbound.program_id is None or slo.type is not SLOType.COMPOUND:
             return None
         return self.programs.begin_stage(
-            inbound.program_id, slo_class, slo, now, inbound.program_stages, per_stage
+            inbound.program_id,
+            slo_class,
+            slo,
+            now,
+            inbound.program_stages,
+            per_stage,
+            model=inbound.model,
+            input_len=inbound.input_len,
         )
-
-    def _length_bound(self, inbound: Inbound, max_tokens: int) -> int:
-        # The analyzer's QRF bound plugs in here once it lands; until then max_tokens is the only
-        # bound that is never too small (docs/decisions/router.md).
-        return max_tokens
 
     def _tenant_id(self, tenant: str) -> int:
         tid = self.tenants.get(tenant)
@@ -299,17 +308,17 @@ class Router:
         """Send to one replica: the response, or a retry reason if it failed before the first token."""
         new = decision.request
         now = self.clock()
-        deadline_rel = None
-        if new.deadline_abs is not None:
-            deadline_rel = new.deadline_abs - now
+        staged = plan is not None and decision.action is Action.ADMIT
         xargs = engine_xargs(
             decision.slo_class,
             new.slo,
             tenant,
-            deadline_rel,
-            inbound.program_id,
-            plan.stage if plan else None,
-            plan.program_goodput if plan else 0.0,
+            send_class=decision.slo_class in self.classes.table.classes,
+            deadline_rel=plan.program_deadline_abs - now if staged and plan else None,
+            stage_deadline_rel=new.deadline_abs - now if staged and new.deadline_abs is not None else None,
+            program_id=inbound.program_id if staged else None,
+            program_goodput=new.program_goodput,
+            length_bound=new.len_ub if new.len_ub is not None and new.len_ub < new.max_tokens else None,
         )
         body = forward_body(inbound.body, xargs)
         headers = {
@@ -322,7 +331,14 @@ class Router:
         )
         self.pool.dispatched(replica)
         flight = Flight(
-            new.request_id, decision.slo_class, new.slo, new.arrival, new.input_len, inbound.program_id
+            new.request_id,
+            decision.slo_class,
+            new.slo,
+            new.arrival,
+            new.input_len,
+            inbound.program_id if plan is not None else None,
+            inbound.model,
+            new.max_tokens,
         )
         released = False
 
@@ -545,8 +561,15 @@ class Router:
         )
         if flight.finish is not None:
             self.metrics.e2el.labels(flight.slo_class).observe(flight.finish - flight.arrival)
-        if flight.program_id is not None and flight.slo.type is SLOType.COMPOUND:
-            self.programs.end_call(flight.program_id, record)
+        if not flight.dropped:
+            out_len = (
+                flight.completion_tokens if isinstance(flight.completion_tokens, int) else record.output_len
+            )
+            self.lengths.observe(
+                input_len, out_len, flight.slo.type, flight.slo_class, flight.model, flight.max_tokens
+            )
+        if flight.program_id is not None:
+            self.programs.end_call(flight.program_id, record, flight.model, flight.arrival)
             self.programs.expire(now)
             return  # counted once, as a program, when the program ends
         g = self.accounting.record(flight.slo_class, record, now)
@@ -559,15 +582,16 @@ class Router:
             self.metrics.slo_met.labels(slo_class).inc()
 
     def _program_done(self, prog: Program, g: Goodput) -> None:
+        records = [c.record for c in prog.calls]
         possible = sum(
-            c.slo.weights.input * c.input_len + c.slo.weights.output * c.output_len for c in prog.calls
+            r.slo.weights.input * r.input_len + r.slo.weights.output * r.output_len for r in records
         )
         self.accounting.record_program(prog.slo_class, g, possible, self.clock(), prog.dropped)
         self._count(prog.slo_class, g)
 
     def status(self) -> dict[str, Any]:
         now = self.clock()
-        self.programs.expire(now)
+        self.programs.expire(now, force=True)
         return {
             "classes": self.accounting.status(now),
             "window_seconds": self.config.status_window_s,
