@@ -1,0 +1,487 @@
+"""The engine-agnostic frame loop around a `Policy`: what the vLLM adapter drives each step.
+
+The runner owns the `RequestTable`, resolves each arrival's SLO from its xargs, keeps the table in sync
+with the engine (progress, running), refreshes length bounds, runs the policy at frame boundaries and
+keeps per-class goodput. It never touches vLLM: the adapter reads the engine into it and carries out the
+`FramePlan` it returns, so the same runner can be tested with plain Python calls.
+
+When to plan: a full frame every `policy.frame_steps` engine steps (order, preemptions, drops,
+starvation aging, cutoff tuning). Between frames the queue can change (arrivals, finishes freeing a
+slot), and the plan only decides who takes a freed slot through its order, so the runner re-plans
+"lightly" on such steps: it applies the order and drops of a fresh plan but never preempts, leaving
+GMAX's cost-aware preemption at frame granularity as §4.2 prescribes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from jitserve.scheduler.engine.accounting import GoodputWindow
+from jitserve.scheduler.engine.classes import ClassSource
+from jitserve.scheduler.engine.speed import SpeedMeter
+from jitserve.scheduler.engine.state import (
+    ANALYZER_FILE,
+    HISTORY_FILE,
+    ClassTotalsModel,
+    EngineState,
+    RequestDebug,
+)
+from jitserve.scheduler.engine.xargs import RequestSLO, parse_xargs
+from jitserve.scheduler.gmax import FramePlan, GMAXParams, analyze, expired
+from jitserve.scheduler.goodput import RequestRecord
+from jitserve.scheduler.policy import POLICY_NAMES, GMAXPolicy, Policy, make_policy
+from jitserve.scheduler.requests import NewRequest, RequestTable
+
+log = logging.getLogger("jitserve.engine")
+
+FULL, LIGHT = "full", "light"
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    policy: str = "jitserve"
+    frame_steps: int = 50
+    batch_size: int = 8
+    classes_file: str | None = None
+    default_class: str | None = None
+    runtime_dir: str | None = None
+    pod: str = "engine"
+    model: str = "model"
+    recent: int = 64  # requests kept in the state's debug list
+    window_s: float = 60.0  # goodput window reported per class
+    length_refresh_tokens: int = 50  # §4.1: refresh the bound every 50 generated tokens
+    use_analyzer: bool = True
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"policy: unknown policy {self.policy!r} (known: {', '.join(POLICY_NAMES)})")
+        if self.frame_steps < 1:
+            raise ValueError(f"frame_steps: must be >= 1, got {self.frame_steps}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], batch_size: int, model: str) -> RunnerConfig:
+        """The engine process gets its settings from `jitserve engine` through JITSERVE_* variables."""
+        return cls(
+            policy=env.get("JITSERVE_POLICY", "jitserve"),
+            frame_steps=int(env.get("JITSERVE_FRAME_STEPS", "50")),
+            batch_size=batch_size,
+            classes_file=env.get("JITSERVE_CLASSES_FILE") or None,
+            default_class=env.get("JITSERVE_DEFAULT_CLASS") or None,
+            runtime_dir=env.get("JITSERVE_RUNTIME_DIR") or None,
+            pod=env.get("JITSERVE_POD_NAME") or env.get("HOSTNAME") or "engine",
+            model=env.get("JITSERVE_MODEL_NAME") or model,
+            use_analyzer=env.get("JITSERVE_ANALYZER", "1") != "0",
+        )
+
+
+@dataclass
+class _Meta:
+    info: RequestSLO
+    arrival: float
+    input_len: int
+    max_tokens: int
+    token_times: list[float] = field(default_factory=list)
+    debug: RequestDebug | None = None
+    bound_at: int = 0  # `generated` when the length bound was last refreshed
+
+
+class LengthBounds:
+    """The analyzer's QRF bound (scheduler/analyzer), trained online from finished requests.
+
+    Absent analyzer or history -> max_tokens, the only safe bound. Fitting runs on a background thread:
+    a 300-tree forest takes seconds and must not stall engine steps.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        from jitserve.scheduler.analyzer import LengthPredictor, LengthPredictorConfig
+
+        self.path = path
+        predictor = None
+        if path is not None and os.path.exists(path):
+            try:
+                predictor = LengthPredictor.load(path)
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("jitserve: ignoring unreadable length history %s: %s", path, exc)
+        self.predictor = predictor or LengthPredictor(LengthPredictorConfig(n_jobs=1))
+        self.class_codes: dict[str, int] = {}
+        self._fitting = False
+
+    def code(self, slo_class: str) -> int:
+        return self.class_codes.setdefault(slo_class, len(self.class_codes) % 65_536)
+
+    def bounds(self, prompt_len: Any, generated: Any, slo_type: Any, class_code: Any, max_tokens: Any) -> Any:
+        return self.predictor.upper_bounds(prompt_len, generated, slo_type, class_code, 0, max_tokens)
+
+    def observe(
+        self, prompt_len: int, output_len: int, slo_type: int, class_code: int, max_tokens: int
+    ) -> None:
+        if output_len < 1:
+            return
+        self.predictor.observe(prompt_len, output_len, slo_type, class_code, 0, max_tokens)
+        if not self._fitting:
+            self._fitting = True
+            threading.Thread(target=self._refit, name="jitserve-qrf", daemon=True).start()
+
+    def _refit(self) -> None:
+        try:
+            if self.predictor.maybe_refit() and self.path is not None:
+                self.predictor.save(self.path)
+        except Exception:  # a failed fit keeps the old bounds; the engine must keep serving
+            log.exception("jitserve: length predictor refit failed")
+        finally:
+            self._fitting = False
+
+    def save(self) -> None:
+        if self.path is not None:
+            self.predictor.save(self.path)
+
+
+class FrameRunner:
+    def __init__(self, config: RunnerConfig, policy: Policy | None = None) -> None:
+        self.config = config
+        self.policy: Policy = policy or make_policy(
+            config.policy, config.batch_size, frame_steps=config.frame_steps
+        )
+        self.frame_steps = config.frame_steps  # KeyedPolicy baselines replan at the same cadence
+        self.table = RequestTable(capacity=max(64, 4 * config.batch_size))
+        self.classes = ClassSource(config.classes_file, config.default_class)
+        self.meter = SpeedMeter()
+        self.window = GoodputWindow(config.window_s)
+        self.meta: dict[str, _Meta] = {}
+        self.recent: deque[RequestDebug] = deque(maxlen=config.recent)
+        self.tenants: dict[str, int] = {"": 0}
+        self.frames = 0
+        self.steps = 0
+        self.dropped_total = 0
+        self.preempted_total = 0
+        self.invalid_slo_total = 0
+        self.started_at = time.time()
+        self._since_frame = config.frame_steps  # plan at the first step
+        self._dirty = False
+        self._last_plan: FramePlan | None = None
+        self._last_plan_ids: list[str] = []
+        self._frame_start = time.time()
+        self._frame_goodput = 0.0
+        self._history: list[dict[str, Any]] = []
+        self.bounds: LengthBounds | None = None
+        if config.use_analyzer:
+            path = os.path.join(config.runtime_dir, ANALYZER_FILE) if config.runtime_dir else None
+            try:
+                self.bounds = LengthBounds(path)
+            except ImportError:  # analyzer not installed in this image: bounds stay max_tokens
+                self.bounds = None
+
+    # --------------------------------------------------------------------------------- requests
+    @property
+    def drops_expired(self) -> bool:
+        """Whether this policy drops requests past waiting_time (GMAX does; vLLM-style baselines not)."""
+        return bool(getattr(self.policy, "drop_expired", True))
+
+    def admit(
+        self,
+        request_id: str,
+        xargs: Mapping[str, Any] | None,
+        arrival: float,
+        input_len: int,
+        max_tokens: int,
+    ) -> RequestSLO:
+        self.classes.poll()
+        snap = self.classes.snapshot
+        info = parse_xargs(xargs, snap.classes, snap.default, arrival)
+        if info.error is not None:
+            self.invalid_slo_total += 1
+            log.warning(
+                "jitserve: request %s: bad SLO xargs (%s); using class %s",
+                request_id,
+                info.error,
+                info.slo_class,
+            )
+        tenant = self.tenants.setdefault(info.tenant, len(self.tenants))
+        max_tokens = max(int(max_tokens), 1)
+        len_ub = info.length_bound
+        if len_ub is None and self.bounds is not None:
+            len_ub = int(self._bound_for(info, input_len, 0, max_tokens))
+        self.table.add(
+            NewRequest(
+                request_id=request_id,
+                slo=info.slo,
+                arrival=arrival,
+                input_len=int(input_len),
+                max_tokens=max_tokens,
+                len_ub=len_ub,
+                deadline_abs=info.deadline_abs,
+                program_goodput=info.program_goodput,
+                tenant=tenant,
+            )
+        )
+        slo = info.slo
+        debug = RequestDebug(
+            request_id=request_id,
+            slo_class=info.slo_class,
+            slo_type=slo.type.value,
+            deadline_s=slo.deadline,
+            ttft_s=slo.ttft,
+            tbt_s=slo.tbt,
+            waiting_time_s=slo.waiting_time,
+            stage_deadline_abs=info.deadline_abs,
+            program_id=info.program_id,
+            tenant=info.tenant,
+            max_tokens=max_tokens,
+            length_bound=int(self.table.len_ub[self.table.slot(request_id)]),
+            error=info.error,
+        )
+        self.meta[request_id] = _Meta(info, arrival, int(input_len), max_tokens, debug=debug)
+        self.recent.append(debug)
+        self._dirty = True
+        return info
+
+    def _bound_for(self, info: RequestSLO, prompt_len: Any, generated: Any, max_tokens: Any) -> Any:
+        from jitserve.scheduler.analyzer import slo_type_code
+
+        assert self.bounds is not None
+        return self.bounds.bounds(
+            prompt_len, generated, slo_type_code(info.slo.type), self.bounds.code(info.slo_class), max_tokens
+        )
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self.meta
+
+    def tokens(self, request_id: str, n: int, now: float) -> None:
+        """`n` new output tokens of a request reached the client at `now` (latency goodput)."""
+        m = self.meta.get(request_id)
+        if m is not None and n > 0:
+            m.token_times.extend([now] * n)
+
+    def started(self, request_id: str) -> None:
+        """The engine scheduled the request: waiting_time no longer applies to it."""
+        if request_id in self.table:
+            slot = self.table.slot(request_id)
+            if not self.table.running[slot]:
+                self.table.set_running(request_id, True)
+
+    def end(self, request_id: str, now: float, outcome: str) -> float:
+        """A request left the engine: `finished`, `dropped` or `aborted`. Returns its token goodput."""
+        m = self.meta.pop(request_id, None)
+        if m is None:
+            return 0.0
+        if request_id in self.table:
+            self.table.remove(request_id)
+        record = RequestRecord(
+            slo=m.info.slo,
+            arrival=m.arrival,
+            input_len=m.input_len,
+            token_times=m.token_times,
+            finish=now if outcome == "finished" else None,
+            dropped=outcome == "dropped",
+        )
+        tokens = self.window.record(m.info.slo_class, record, now)
+        self._frame_goodput += tokens
+        if m.debug is not None:
+            m.debug.outcome = outcome
+        if outcome == "dropped":
+            self.dropped_total += 1
+        if outcome == "finished" and m.token_times:
+            self._learn(m)
+        self._dirty = True
+        return tokens
+
+    def _learn(self, m: _Meta) -> None:
+        out = len(m.token_times)
+        row = {
+            "prompt_len": m.input_len,
+            "output_len": out,
+            "max_tokens": m.max_tokens,
+            "slo_class": m.info.slo_class,
+            "slo_type": m.info.slo.type.value,
+        }
+        self._history.append(row)
+        if self.bounds is not None:
+            from jitserve.scheduler.analyzer import slo_type_code
+
+            self.bounds.observe(
+                m.input_len,
+                out,
+                slo_type_code(m.info.slo.type),
+                self.bounds.code(m.info.slo_class),
+                m.max_tokens,
+            )
+
+    # ----------------------------------------------------------------------------------- frames
+    def sync(self, rows: Iterable[tuple[str, bool, int, int]]) -> None:
+        """Engine truth -> table: (request_id, running, generated, computed) per live request."""
+        t = self.table
+        for rid, running, generated, computed in rows:
+            slot = t.slot_of.get(rid)
+            if slot is None:
+                continue
+            if running != bool(t.running[slot]):
+                t.set_running(rid, running)
+            t.progress(rid, generated, computed)
+        self._refresh_bounds()
+
+    def _refresh_bounds(self) -> None:
+        """Re-predict bounds of requests that generated `length_refresh_tokens` more since the last one."""
+        if self.bounds is None or not self.bounds.predictor.trained:
+            return
+        t, step = self.table, self.config.length_refresh_tokens
+        due = [
+            (rid, m)
+            for rid, m in self.meta.items()
+            if m.info.length_bound is None and rid in t and int(t.generated[t.slot(rid)]) - m.bound_at >= step
+        ]
+        if not due:
+            return
+        slots = np.asarray([t.slot(rid) for rid, _ in due])
+        from jitserve.scheduler.analyzer import slo_type_code
+
+        ub = self.bounds.bounds(
+            t.input_len[slots],
+            t.generated[slots],
+            np.asarray([slo_type_code(m.info.slo.type) for _, m in due]),
+            np.asarray([self.bounds.code(m.info.slo_class) for _, m in due]),
+            t.max_tokens[slots],
+        )
+        t.len_ub[slots] = np.clip(ub, t.generated[slots] + 1, t.max_tokens[slots])
+        for (_rid, m), g in zip(due, t.generated[slots].tolist(), strict=True):
+            m.bound_at = int(g)
+
+    def step_kind(self) -> str | None:
+        """Called once per engine step: FULL at frame boundaries, LIGHT when the queue changed."""
+        self.steps += 1
+        self._since_frame += 1
+        if self._since_frame >= self.frame_steps:
+            return FULL
+        if self._dirty:
+            return LIGHT
+        return None
+
+    def plan(self, now: float, kind: str) -> FramePlan:
+        speed = self.meter.speed()
+        if kind == FULL:
+            self._close_frame(now)
+            self.classes.poll()
+            self._since_frame = 0
+            self.frames += 1
+        plan = self.policy.plan(self.table, now, speed)
+        if kind == FULL:
+            self._last_plan = plan
+            self._last_plan_ids = self.table.ids(plan.order)
+        else:
+            plan = replace(plan, preempt=plan.preempt[:0])
+        self._dirty = False
+        return plan
+
+    def _close_frame(self, now: float) -> None:
+        """End the previous frame: starvation aging and the cutoff tuner's reward (goodput/s)."""
+        plan = self._last_plan
+        if plan is None:
+            self._frame_start = now
+            return
+        live = np.asarray(
+            [self.table.slot(r) for r in self._last_plan_ids if r in self.table], dtype=np.int64
+        )
+        elapsed = max(now - self._frame_start, 1e-6)
+        self.policy.end_frame(self.table, replace(plan, order=live), self._frame_goodput / elapsed)
+        self._frame_start, self._frame_goodput = now, 0.0
+
+    def expired_ids(self, now: float) -> list[str]:
+        """Waiting requests past waiting_time, checked every step so none is admitted after it."""
+        if not self.drops_expired:
+            return []
+        return self.table.ids(expired(self.table, now))
+
+    def preempted(self, request_id: str) -> None:
+        self.preempted_total += 1
+        if request_id in self.table:
+            self.table.set_running(request_id, False)
+
+    # ------------------------------------------------------------------------------------ state
+    def state(
+        self, now: float, running: int, waiting: int, kv_usage: float, vllm_version: str = ""
+    ) -> EngineState:
+        B = self.config.batch_size  # noqa: N806 (the paper's name)
+        params = getattr(self.policy, "params", None)
+        cutoff = float(params.cutoff) if isinstance(params, GMAXParams) else 1.0
+        committed, admission, delay = 0.0, 0.0, 0.0
+        slots = self.table.active_slots()
+        if slots.size:
+            an = analyze(self.table, now, self.meter.speed(), GMAXParams(batch_size=B), slots)
+            committed = float(an.bw[an.feasible].sum())
+            if running + waiting >= B:
+                pri = np.sort(an.priority[an.feasible])[::-1]
+                if pri.size >= B:
+                    admission = cutoff * float(pri[B - 1])
+                # Queued work ahead of a newcomer, spread over B slots: its expected wait.
+                ahead = running + waiting - B + 1
+                mean_tgen = float(an.t_gen.mean())
+                delay = max(ahead, 0) * mean_tgen / B
+        snap = self.classes.snapshot
+        totals = {cls: ClassTotalsModel(**vars(t)) for cls, t in self.window.totals.items()}
+        return EngineState(
+            pod=self.config.pod,
+            model=self.config.model,
+            step_time_s=self.meter.step_time,
+            prefill_tokens_per_s=self.meter.prefill_tokens_per_s,
+            batch_size=B,
+            running=running,
+            waiting=waiting,
+            committed_bandwidth=committed,
+            residual_capacity=B - committed,
+            admission_priority=max(admission, 0.0),
+            queue_delay_s=delay,
+            kv_usage=min(max(kv_usage, 0.0), 1.0),
+            cutoff=cutoff,
+            frames=self.frames,
+            dropped_total=self.dropped_total,
+            preempted_total=self.preempted_total,
+            goodput=self.window.summary(now),
+            updated_at=now,
+            policy=self.policy.name,
+            frame_steps=self.frame_steps,
+            steps=self.steps,
+            invalid_slo_total=self.invalid_slo_total,
+            classes=sorted(snap.classes),
+            default_class=snap.default,
+            classes_version=snap.version,
+            classes_error=self.classes.last_error,
+            totals=totals,
+            recent=list(self.recent),
+            vllm_version=vllm_version,
+            started_at=self.started_at,
+        )
+
+    def flush_history(self) -> None:
+        """Append finished requests to runtime_dir/history.jsonl (the analyzer's raw training rows)."""
+        if not self._history or self.config.runtime_dir is None:
+            self._history.clear()
+            return
+        rows, self._history = self._history, []
+        try:
+            with open(os.path.join(self.config.runtime_dir, HISTORY_FILE), "a", encoding="utf-8") as f:
+                f.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
+        except OSError as exc:
+            log.warning("jitserve: cannot append history: %s", exc)
+
+    def close(self) -> None:
+        self.flush_history()
+        if self.bounds is not None:
+            try:
+                self.bounds.save()
+            except OSError as exc:
+                log.warning("jitserve: cannot save length predictor: %s", exc)
+
+
+def is_gmax(policy: Policy) -> bool:
+    return isinstance(policy, GMAXPolicy)

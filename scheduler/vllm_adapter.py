@@ -1,0 +1,238 @@
+"""The JITServe scheduler inside vLLM's V1 engine.
+
+Loaded with `--scheduler-cls jitserve.scheduler.vllm_adapter.JITServeScheduler`.
+
+A subclass of `AsyncScheduler` (subclassing the sync `Scheduler` would turn off async overlap) that
+overrides hooks only; vLLM's own `schedule()` still builds every batch. Around it:
+
+- `add_request`: resolve the SLO from `SamplingParams.extra_args` (`vllm_xargs`, keys in
+  `jitserve.scheduler.engine.xargs`) and add the request to the runner's table;
+- `schedule` (wrapper): every step drop waiting requests past their waiting_time; at frame boundaries
+  (and lightly when the queue changed) sync the table, run the policy and carry out its `FramePlan`:
+  preempt exactly `plan.preempt` (vLLM V1 preempts by recompute), reorder the waiting queue (and the
+  running list, which decides vLLM's own victim under KV pressure) by `plan.order`; then call vLLM's
+  `schedule()`, which admits from the head of the waiting queue into free slots;
+- `update_from_output` (wrapper): measure step time and prefill rate, timestamp tokens, account
+  goodput of finished requests, and emit the outputs of dropped requests so their clients get an
+  answer: `finish_reason="abort"` and `stop_reason="jitserve: waiting_time 5s exceeded"`;
+- `finish_requests`: client aborts leave the table.
+
+Requires `--scheduling-policy fcfs` (the default): the adapter orders the FCFS deque itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import defaultdict, deque
+from typing import Any
+
+import vllm
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.request import Request, RequestStatus
+
+from jitserve.scheduler.engine.runner import FULL, FrameRunner, RunnerConfig
+from jitserve.scheduler.engine.state import StatePublisher
+from jitserve.scheduler.engine.version import check_vllm_version
+from jitserve.scheduler.gmax import FramePlan
+
+log = logging.getLogger("jitserve.engine")
+
+# Engine steps further apart than this are not one busy stretch (the engine idled in between).
+_MAX_STEP_GAP_S = 5.0
+
+
+def drop_message(waiting_time: float) -> str:
+    """The `stop_reason` a dropped request's client reads."""
+    return f"jitserve: waiting_time {waiting_time:g}s exceeded"
+
+
+class JITServeScheduler(AsyncScheduler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        check_vllm_version(vllm.__version__)
+        super().__init__(*args, **kwargs)
+        if self.policy != SchedulingPolicy.FCFS:
+            raise ValueError(
+                "JITServeScheduler orders the queue itself: start vLLM with --scheduling-policy fcfs "
+                f"(got {self.policy.value!r}); choose the JITServe policy with JITSERVE_POLICY instead"
+            )
+        model = str(getattr(self.vllm_config.model_config, "served_model_name", None) or "model")
+        self.jit = FrameRunner(RunnerConfig.from_env(os.environ, self.max_num_running_reqs, model))
+        runtime_dir = self.jit.config.runtime_dir
+        self.jit_publisher = StatePublisher(runtime_dir) if runtime_dir else None
+        self._jit_pending: dict[int, list[EngineCoreOutput]] = defaultdict(list)
+        self._jit_last_update: float | None = None
+        self._jit_last_publish = 0.0
+        self._jit_publish(time.time(), force=True)  # the router sees an idle engine before any request
+        log.info(
+            "JITServe scheduler: policy=%s frame_steps=%d batch=%d runtime_dir=%s",
+            self.jit.policy.name,
+            self.jit.frame_steps,
+            self.max_num_running_reqs,
+            runtime_dir,
+        )
+
+    # ---------------------------------------------------------------------------------- arrivals
+    def add_request(self, request: Request) -> None:
+        new = request.request_id not in self.requests
+        super().add_request(request)
+        if new and request.request_id not in self.jit:  # streaming-input updates are not arrivals
+            sp = request.sampling_params
+            self.jit.admit(
+                request.request_id,
+                sp.extra_args if sp is not None else None,
+                arrival=request.arrival_time,
+                input_len=request.num_prompt_tokens,
+                max_tokens=request.max_tokens,
+            )
+
+    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
+        finished = super().finish_requests(request_ids, finished_status)
+        now = time.time()
+        for request in finished:
+            self.jit.end(request.request_id, now, "aborted")
+        return finished
+
+    # ---------------------------------------------------------------------------------- schedule
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        now = time.time()
+        self._jit_drop_expired(now)
+        kind = self.jit.step_kind()
+        if kind is not None:
+            self._jit_sync()
+            self._jit_apply(self.jit.plan(now, kind), preempt=kind == FULL)
+            if kind == FULL:
+                self._jit_publish(now)
+        output = super().schedule(*args, **kwargs)
+        for request in self.running:  # admitted now or before: waiting_time no longer applies
+            self.jit.started(request.request_id)
+        return output
+
+    def _jit_sync(self) -> None:
+        self.jit.sync(
+            (rid, r.status == RequestStatus.RUNNING, r.num_output_tokens, r.num_computed_tokens)
+            for rid, r in self.requests.items()
+        )
+
+    def _jit_apply(self, plan: FramePlan, preempt: bool) -> None:
+        """Carry out a plan: its preemptions (frames only), its drops, then its queue order."""
+        ids = self.jit.table.ids
+        if preempt and plan.preempt.size:
+            victims = [self.requests[r] for r in ids(plan.preempt) if r in self.requests]
+            victims = [r for r in victims if r.status == RequestStatus.RUNNING]
+            if victims:
+                gone = set(victims)
+                self.running = [r for r in self.running if r not in gone]
+                stamp = time.monotonic()  # vLLM stamps scheduler events with the monotonic clock
+                for request in victims:
+                    self._preempt_request(request, stamp)
+                    self.jit.preempted(request.request_id)
+        if plan.drop.size:
+            self._jit_drop(ids(plan.drop), time.time())
+        rank = {rid: i for i, rid in enumerate(ids(plan.order))}
+        last = len(rank)
+        if isinstance(self.waiting, deque) and len(self.waiting) > 1:
+            ordered = sorted(self.waiting, key=lambda r: rank.get(r.request_id, last))
+            self.waiting.clear()
+            self.waiting.extend(ordered)
+        if len(self.running) > 1:
+            # vLLM's KV-pressure preemption takes running[-1]: make that the plan's least valuable.
+            self.running.sort(key=lambda r: rank.get(r.request_id, last))
+
+    def _jit_drop_expired(self, now: float) -> None:
+        if self.waiting:
+            expired = self.jit.expired_ids(now)
+            if expired:
+                self._jit_drop(expired, now)
+
+    def _jit_drop(self, request_ids: list[str], now: float) -> None:
+        """Finish never-started requests with a reason their clients can read."""
+        waiting = [
+            self.requests[r]
+            for r in request_ids
+            if r in self.requests
+            and self.requests[r].status == RequestStatus.WAITING
+            and self.requests[r].num_computed_tokens == 0
+        ]
+        if not waiting:
+            return
+        reasons = {}
+        for request in waiting:
+            meta = self.jit.meta.get(request.request_id)
+            reasons[request.request_id] = drop_message(meta.info.slo.waiting_time if meta else 0.0)
+            self.jit.end(request.request_id, now, "dropped")
+        for request in super().finish_requests(
+            [r.request_id for r in waiting], RequestStatus.FINISHED_ABORTED
+        ):
+            self._jit_pending[request.client_index].append(
+                EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[],
+                    finish_reason=FinishReason.ABORT,
+                    stop_reason=reasons[request.request_id],
+                    events=request.take_events(),
+                    trace_headers=request.trace_headers,
+                )
+            )
+        log.info("jitserve: dropped %d request(s) past waiting_time", len(waiting))
+
+    def has_requests(self) -> bool:
+        # Drop outputs not yet emitted keep the engine stepping until update_from_output sends them.
+        return bool(self._jit_pending) or super().has_requests()
+
+    # ---------------------------------------------------------------------------------- outputs
+    def update_from_output(
+        self, scheduler_output: Any, model_runner_output: Any
+    ) -> dict[int, EngineCoreOutputs]:
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        now = time.time()
+        self._jit_measure(scheduler_output, now)
+        for eco in outputs.values():
+            for out in eco.outputs:
+                self.jit.tokens(out.request_id, len(out.new_token_ids), now)
+                if out.finish_reason is not None:
+                    self.jit.end(out.request_id, now, "finished")
+        if self._jit_pending:
+            for client, extra in self._jit_pending.items():
+                if client in outputs:
+                    outputs[client].outputs.extend(extra)
+                else:
+                    outputs[client] = EngineCoreOutputs(outputs=extra)
+            self._jit_pending = defaultdict(list)
+        if not self.has_unfinished_requests():
+            self._jit_publish(now, force=True)  # idle: report the empty queue at once
+        elif self.jit_publisher is not None:
+            self.jit_publisher.heartbeat(busy=True)
+        return outputs
+
+    def _jit_measure(self, scheduler_output: Any, now: float) -> None:
+        """One step's wall time (between consecutive busy steps) -> SpeedMeter."""
+        last, self._jit_last_update = self._jit_last_update, now
+        scheduled = scheduler_output.num_scheduled_tokens
+        if last is None or not scheduled or now - last > _MAX_STEP_GAP_S:
+            return
+        decode = sum(1 for n in scheduled.values() if n == 1)
+        prefill = sum(n for n in scheduled.values() if n > 1)
+        self.jit.meter.observe(now - last, decode, prefill)
+        if not self.has_unfinished_requests():
+            self._jit_last_update = None  # the next step starts a new busy stretch
+
+    def _jit_publish(self, now: float, force: bool = False) -> None:
+        if self.jit_publisher is None or (not force and now - self._jit_last_publish < 0.1):
+            return
+        self._jit_last_publish = now
+        running, waiting = self.get_request_counts()
+        state = self.jit.state(now, running, waiting, self.get_kv_cache_usage(), vllm.__version__)
+        self.jit_publisher.publish(state, busy=running + waiting > 0)
+        self.jit.flush_history()
+
+    def shutdown(self) -> None:
+        try:
+            self.jit.close()
+            if self.jit_publisher is not None:
+                self.jit_publisher.close()
+        finally:
+            super().shutdown()
