@@ -1,0 +1,493 @@
+"""A discrete-event model of one vLLM engine replica.
+
+What it models (docs/decisions/sim.md has the why of each choice):
+- continuous batching up to `batch_size` sequences (vLLM max_num_seqs);
+- chunked prefill with a per-step token budget, decode tokens first (vLLM v1 / Sarathi-Serve), or
+  vLLM v0's prefill-first steps of whole prompts that pause every decode (`chunked_prefill=False`);
+- KV-cache blocks: a request is admitted only if its whole prompt fits; when decode growth
+  exhausts the blocks the engine preempts (recompute) the running request last in the policy's order;
+- policy preemption by recompute (KV dropped, re-prefill of prompt + generated tokens) or swap (KV
+  copied out and back over the host link; the engine stalls for each copy);
+- the roofline step time of `profiles.BatchTimeModel`, including the input-length heterogeneity
+  penalty.
+
+The engine advances in macro steps: runs of identical steps (same sequences, same chunk sizes) that
+end at the first completion, prefill completion, frame boundary, KV exhaustion or external event.
+Each token gets the exact time of the step that produced it, so per-token goodput is exact under
+the model; only the slow growth of contexts inside a macro step is averaged (mid-point contexts).
+
+The policy is the scheduler core's `Policy`: the engine calls `plan` at frame boundaries (every
+`frame_steps` steps) and, to stay work-conserving, whenever a request arrives or finishes while a
+batch slot is free; mid-frame plans only admit, they never preempt (JITServe §4.2: preemption only at
+frame boundaries). Policies with `frame_steps == 1` (vLLM-style baselines) are planned on every
+event, which is equivalent to planning every step because their decisions change only on events.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jitserve.scheduler.gmax import EngineSpeed, FramePlan
+from jitserve.scheduler.policy import Policy
+from jitserve.scheduler.requests import LATENCY, NewRequest, RequestTable
+from jitserve.sim.profiles import BatchTimeModel, Profile
+
+_IDLE_WAKE_S = 0.05  # an engine with queued but unadmitted work re-checks after this long
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    batch_size: int
+    token_budget: int  # tokens per step (decode tokens count one each)
+    chunked_prefill: bool
+    kv_capacity: int  # tokens (whole blocks)
+    block_size: int = 16
+    preemption: str = "recompute"  # how policy-requested preemptions are done: recompute|swap|auto
+    watermark: float = 0.01  # share of KV blocks kept free at admission (vLLM's watermark)
+    macro_cap: int = 64  # most identical steps simulated at once (context growth averaging)
+    refresh_tokens: int = 50  # length-bound refresh granularity (JITServe §4.1)
+
+    @classmethod
+    def from_profile(cls, profile: Profile, **overrides: object) -> EngineConfig:
+        fields: dict[str, object] = {
+            "batch_size": profile.max_num_seqs,
+            "token_budget": 8192,
+            "chunked_prefill": True,
+            "kv_capacity": profile.kv_capacity,
+            "block_size": profile.block_size,
+        }
+        fields.update(overrides)
+        return cls(**fields)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class CallInfo:
+    """What the engine needs of one LLM call beyond the request table."""
+
+    request_id: str
+    true_len: int
+    features: tuple[float, ...] = ()  # whatever the bound function needs (see predictor.py)
+    payload: object = None  # the simulator's handle, returned on completion
+
+
+@dataclass(slots=True)
+class Finished:
+    payload: object
+    request_id: str
+    finish: float
+    output_len: int
+    token_times: np.ndarray | None  # latency requests only
+    dropped: bool = False
+    first_token: float | None = None
+
+
+@dataclass(slots=True)
+class EngineStats:
+    steps: int = 0
+    busy_s: float = 0.0
+    stall_s: float = 0.0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    preemptions: int = 0
+    kv_preemptions: int = 0
+    drops: int = 0
+    plans: int = 0
+    frames: int = 0
+
+
+# (features [n, f] from CallInfo.features, generated [n]) -> total output-length upper bounds [n]
+BoundFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass
+class Engine:
+    """One replica. The simulator adds requests, calls `step` and collects `Finished` records."""
+
+    name: str
+    policy: Policy
+    config: EngineConfig
+    timing: BatchTimeModel
+    profile: Profile
+    bound_fn: BoundFn | None = None  # refreshes len_ub every `refresh_tokens`; None keeps it fixed
+    clock: float = 0.0
+    table: RequestTable = field(default_factory=lambda: RequestTable(capacity=512))
+    stats: EngineStats = field(default_factory=EngineStats)
+    # engine-side per-slot state, grown with the table
+    _info: dict[int, CallInfo] = field(default_factory=dict)
+    _target: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # prefill target
+    _swapped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
+    _refreshed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # generated at refresh
+    _first_token: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    _true: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # true output length
+    # Token times of latency requests: each decoding run is a range of global step indices; the
+    # engine keeps every step's end time (and whether decodes ran in it: vLLM v0 prefill steps).
+    _seg_open: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    _segs: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    _step_end: np.ndarray = field(default_factory=lambda: np.zeros(4096, np.float64))
+    _step_decoded: np.ndarray = field(default_factory=lambda: np.zeros(4096, np.bool_))
+    _nsteps: int = 0
+    _running: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # slots, admission order
+    _plan: FramePlan | None = None
+    _steps_in_frame: int = 0
+    _dirty: bool = True
+    _frame_goodput: float = 0.0
+    _frame_start: float = 0.0
+    _v_token: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._sync_capacity()
+        self._v_token = self.timing.decode_step_time(max(self.config.batch_size // 4, 1), 1024.0)
+        self._prefill_rate = self.timing.prefill_tokens_per_s(min(self.config.token_budget, 2048))
+        self._framed = self.policy.frame_steps > 1
+        budget_fn = getattr(self.policy, "token_budget", None)
+        self._budget_fn: Callable[[RequestTable, float, EngineSpeed], int] | None = (
+            budget_fn if callable(budget_fn) else None
+        )
+
+    # ------------------------------------------------------------------------------- interface
+    @property
+    def busy(self) -> bool:
+        return len(self.table) > 0
+
+    @property
+    def running_count(self) -> int:
+        return int(self._running.size)
+
+    @property
+    def waiting_count(self) -> int:
+        return len(self.table) - self.running_count
+
+    @property
+    def kv_used(self) -> int:
+        return self._kv_used(self._running)
+
+    def speed(self) -> EngineSpeed:
+        return EngineSpeed(
+            step_time=self._v_token,
+            prefill_tokens_per_s=self._prefill_rate,
+            swap_bytes_per_s=self.profile.swap_bytes_per_s,
+            kv_bytes_per_token=self.profile.model.kv_bytes_per_token,
+        )
+
+    def add(self, req: NewRequest, info: CallInfo, now: float) -> None:
+        if not self.busy:
+            self.clock = max(self.clock, now)
+        slot = self.table.add(req)
+        self._sync_capacity()
+        self._info[slot] = info
+        self._target[slot] = req.input_len
+        self._swapped[slot] = False
+        self._refreshed[slot] = 0
+        self._first_token[slot] = np.nan
+        self._true[slot] = info.true_len
+        self._seg_open[slot] = -1
+        if self.table.slo_type[slot] == LATENCY:
+            self._segs[slot] = []
+        self._dirty = True
+
+    def step(self, t_limit: float = math.inf) -> list[Finished]:
+        """Plan if due, then run one macro step (or idle briefly). Returns finished/dropped calls."""
+        out: list[Finished] = []
+        self._maybe_plan(out)
+        if self._running.size == 0:
+            if self.busy:  # queued work the policy holds back (or KV-blocked): look again soon
+                self.clock = max(self.clock + _IDLE_WAKE_S, min(t_limit, self.clock + 1.0))
+                self._dirty = True
+            return out
+        self._run_macro_step(t_limit, out)
+        return out
+
+    # ------------------------------------------------------------------------------ planning
+    def _maybe_plan(self, out: list[Finished]) -> None:
+        frame_due = self._framed and (self._plan is None or self._steps_in_frame >= self.policy.frame_steps)
+        has_room = self._running.size < self.config.batch_size
+        event_due = self._dirty and (not self._framed or has_room)
+        if not (frame_due or event_due):
+            return
+        if frame_due and self._plan is not None:
+            span = max(self.clock - self._frame_start, 1e-9)
+            self.policy.end_frame(self.table, self._plan, self._frame_goodput / span)
+            self.stats.frames += 1
+        plan = self.policy.plan(self.table, self.clock, self.speed())
+        self.stats.plans += 1
+        self._apply(plan, full=frame_due or not self._framed, out=out)
+        self._plan = plan
+        self._dirty = False
+        if frame_due or self._plan is None:
+            self._steps_in_frame = 0
+            self._frame_goodput = 0.0
+            self._frame_start = self.clock
+
+    def _apply(self, plan: FramePlan, full: bool, out: list[Finished]) -> None:
+        for slot in plan.drop.tolist():
+            if self.table.running[slot]:
+                continue  # started requests are never dropped
+            out.append(self._finish(slot, dropped=True))
+            self.stats.drops += 1
+        if full and plan.preempt.size:
+            for slot in plan.preempt.tolist():
+                if self.table.active[slot] and self.table.running[slot]:
+                    self._preempt(slot, self.config.preemption)
+        running = set(self._running.tolist())
+        admitted: list[int] = []
+        kv_free = self.config.kv_capacity * (1 - self.config.watermark) - self.kv_used
+        room = self.config.batch_size - len(running)
+        for slot in plan.batch.tolist():
+            if room <= 0:
+                break
+            if slot in running or not self.table.active[slot]:
+                continue
+            need = self._blocks(max(int(self._target[slot]), int(self.table.computed[slot])) + 1)
+            if need > kv_free:
+                if need > self.config.kv_capacity:  # can never fit: reject it
+                    out.append(self._finish(slot, dropped=True))
+                    continue
+                break  # head-of-line: wait for blocks (vLLM does not skip ahead)
+            kv_free -= need
+            admitted.append(slot)
+            room -= 1
+        for slot in admitted:
+            self.table.running[slot] = True
+            self.table.started[slot] = True
+            self.table.frames_waited[slot] = 0
+            if self._swapped[slot]:
+                self._stall(self._swap_seconds(slot))
+                self._swapped[slot] = False
+                self._seg_open[slot] = self._nsteps  # decoding resumes with the next step
+        if admitted:
+            self._running = np.concatenate([self._running, np.asarray(admitted, dtype=np.int64)])
+
+    # ------------------------------------------------------------------------------ execution
+    def _run_macro_step(self, t_limit: float, out: list[Finished]) -> None:
+        cfg = self.config
+        run = self._running
+        computed = self.table.computed[run]
+        target = self._target[run]
+        prefilling = computed < target
+        dec = run[~prefilling]
+        pre = run[prefilling]
+        budget = cfg.token_budget
+        if self._budget_fn is not None:
+            budget = max(int(self._budget_fn(self.table, self.clock, self.speed())), 1)
+        # Step composition
+        if pre.size and not cfg.chunked_prefill:
+            rem = (self._target[pre] - self.table.computed[pre]).astype(np.int64)
+            take = np.cumsum(rem) <= max(budget, int(rem[0]))
+            take[0] = True
+            pre, chunks = pre[take], rem[take]
+            dec = dec[:0]  # vLLM v0: a prefill step pauses every decode
+        elif pre.size:
+            left = max(budget - dec.size, 0)
+            rem = (self._target[pre] - self.table.computed[pre]).astype(np.int64)
+            give = np.minimum(rem, np.maximum(left - np.concatenate([[0], np.cumsum(rem)[:-1]]), 0))
+            keep = give > 0
+            pre, chunks, rem = pre[keep], give[keep], rem[keep]
+        else:
+            chunks = np.zeros(0, np.int64)
+        if dec.size == 0 and pre.size == 0:  # a zero prefill budget with nothing decoding
+            pre = run[prefilling][:1]
+            chunks = np.ones(1, np.int64)
+        # KV: make room for one step's growth, preempting from the back of the policy's order
+        growth = int(dec.size + chunks.sum())
+        if self.kv_used + growth > cfg.kv_capacity and self._running.size > 1:
+            victim = self._kv_victim()
+            self._preempt(victim, "recompute")
+            self.stats.kv_preemptions += 1
+            self._dirty = True
+            return  # recompose next call
+        # How many identical steps
+        k = cfg.macro_cap
+        gen = self.table.generated
+        if dec.size:
+            k = min(k, int((self._true[dec] - gen[dec]).min()))
+        if pre.size:
+            rem_pre = (self._target[pre] - self.table.computed[pre]).astype(np.int64)
+            if not cfg.chunked_prefill:
+                k = 1
+            else:
+                k = min(k, int(np.maximum(rem_pre // np.maximum(chunks, 1), 1).min()))
+        if self._framed:
+            k = min(k, max(self.policy.frame_steps - self._steps_in_frame, 1))
+        dec_ctx0 = (self.table.computed[dec]).astype(np.float64)
+        pre_off0 = self.table.computed[pre].astype(np.float64)
+        dt0 = self.timing.step_time(dec_ctx0, chunks, pre_off0)
+        if math.isfinite(t_limit) and t_limit > self.clock:
+            k = min(k, max(int(math.ceil((t_limit - self.clock) / max(dt0, 1e-9))), 1))
+        per_step_growth = max(dec.size + int(chunks.sum()), 1)
+        k = min(k, max(int((cfg.kv_capacity - self.kv_used) // per_step_growth), 1))
+        k = max(k, 1)
+        half = (k - 1) / 2.0
+        dt = self.timing.step_time(dec_ctx0 + half, chunks, pre_off0 + chunks * half) if k > 1 else dt0
+        start = self.clock
+        end = start + k * dt
+        first_step = self._record_steps(start, dt, k, decoded=dec.size > 0)
+        # Advance decodes
+        if dec.size:
+            gen[dec] += k
+            self.table.computed[dec] += k
+            self.stats.decode_tokens += int(dec.size) * k
+        # Advance prefills; a completed prefill samples the next token in its last step
+        done_pre = pre[:0]
+        if pre.size:
+            self.table.computed[pre] += chunks * k
+            self.stats.prefill_tokens += int(chunks.sum()) * k
+            done_pre = pre[self.table.computed[pre] >= self._target[pre]]
+            if done_pre.size:
+                self.table.computed[done_pre] = self._target[done_pre] + 1
+                gen[done_pre] += 1
+                fresh = done_pre[np.isnan(self._first_token[done_pre])]
+                self._first_token[fresh] = end
+                # the decoding run starts at this step; decodes then produce one token per step
+                self._seg_open[done_pre] = first_step + k - 1
+        self.clock = end
+        self.stats.steps += k
+        self.stats.busy_s += k * dt
+        self._steps_in_frame += k
+        if dec.size and not pre.size:
+            self._v_token = 0.8 * self._v_token + 0.2 * dt
+        # Completions
+        run = self._running
+        finished = run[gen[run] >= self._true[run]]
+        for slot in finished.tolist():
+            out.append(self._finish(slot, dropped=False))
+        if finished.size or done_pre.size:
+            self._dirty = True
+        self._refresh_bounds()
+
+    def _refresh_bounds(self) -> None:
+        run = self._running
+        if self.bound_fn is None or run.size == 0:
+            return
+        gen = self.table.generated[run]
+        due = gen // self.config.refresh_tokens > self._refreshed[run] // self.config.refresh_tokens
+        if not due.any():
+            return
+        slots = run[due]
+        g = gen[due]
+        feats = np.asarray([self._info[s].features for s in slots.tolist()], dtype=np.float64)
+        ub = np.asarray(self.bound_fn(feats, g), dtype=np.int64)
+        self.table.len_ub[slots] = np.minimum(np.maximum(ub, g + 1), self.table.max_tokens[slots])
+        self._refreshed[slots] = g
+
+    # ------------------------------------------------------------------------------ helpers
+    def _record_steps(self, start: float, dt: float, k: int, decoded: bool) -> int:
+        """Append k steps' end times to the timeline; returns the first one's index."""
+        n = self._nsteps
+        if n + k > self._step_end.size:
+            size = max(2 * self._step_end.size, n + k)
+            self._step_end = np.resize(self._step_end, size)
+            self._step_decoded = np.resize(self._step_decoded, size)
+        self._step_end[n : n + k] = start + dt * np.arange(1, k + 1)
+        self._step_decoded[n : n + k] = decoded
+        self._nsteps = n + k
+        return n
+
+    def _close_segment(self, slot: int) -> None:
+        a = int(self._seg_open[slot])
+        if a >= 0:
+            segs = self._segs.get(slot)
+            if segs is not None:
+                segs.append((a, self._nsteps - 1))
+            self._seg_open[slot] = -1
+
+    def _token_times(self, slot: int) -> np.ndarray:
+        segs = self._segs.get(slot, [])
+        parts = []
+        for a, b in segs:
+            # the first step of a run is the prefill's own step; later ones only if decodes ran
+            idx = np.arange(a, b + 1)
+            keep = self._step_decoded[idx]
+            keep[0] = True
+            parts.append(self._step_end[idx[keep]])
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def _blocks(self, tokens: int) -> int:
+        bs = self.config.block_size
+        return -(-tokens // bs) * bs
+
+    def _kv_used(self, slots: np.ndarray) -> int:
+        if slots.size == 0:
+            return 0
+        bs = self.config.block_size
+        tokens = self.table.computed[slots] + 1
+        return int(((tokens + bs - 1) // bs * bs).sum())
+
+    def _kv_victim(self) -> int:
+        order = self._plan.order if self._plan is not None else self._running
+        running = set(self._running.tolist())
+        for s in order[::-1].tolist():
+            if s in running:
+                return s
+        return int(self._running[-1])
+
+    def _swap_seconds(self, slot: int) -> float:
+        seq = float(self.table.computed[slot])
+        return seq * self.profile.model.kv_bytes_per_token / self.profile.swap_bytes_per_s
+
+    def _stall(self, seconds: float) -> None:
+        self.clock += seconds
+        self.stats.stall_s += seconds
+
+    def _preempt(self, slot: int, mode: str) -> None:
+        if mode == "auto":
+            seq = float(self.table.input_len[slot] + self.table.generated[slot])
+            recompute_s = seq / self._prefill_rate
+            mode = "swap" if 2 * self._swap_seconds(slot) < recompute_s else "recompute"
+        computed = int(self.table.computed[slot])
+        self._close_segment(slot)
+        self.table.running[slot] = False
+        self._running = self._running[self._running != slot]
+        self.stats.preemptions += 1
+        if mode == "swap":
+            self._stall(self._swap_seconds(slot))
+            self._swapped[slot] = True
+            self.table.computed[slot] = computed
+        else:
+            self.table.computed[slot] = 0
+            self._target[slot] = int(self.table.input_len[slot] + self.table.generated[slot])
+
+    def _finish(self, slot: int, dropped: bool) -> Finished:
+        info = self._info.pop(slot)
+        self._close_segment(slot)
+        segs = self._segs.pop(slot, None)
+        times = None
+        if segs is not None and not dropped:
+            self._segs[slot] = segs
+            times = self._token_times(slot)
+            del self._segs[slot]
+        gen = int(self.table.generated[slot])
+        first = float(self._first_token[slot])
+        rec = Finished(
+            payload=info.payload,
+            request_id=info.request_id,
+            finish=self.clock,
+            output_len=gen,
+            token_times=times,
+            dropped=dropped,
+            first_token=None if math.isnan(first) else first,
+        )
+        if not dropped:
+            # goodput the engine saw this frame (the cutoff tuner's reward): tokens on time
+            slo_ok = self.clock <= self.table.deadline_abs[slot] + 1e-9
+            if self.table.slo_type[slot] == LATENCY or slo_ok:
+                self._frame_goodput += float(self.table.w_in[slot] * self.table.input_len[slot] + gen)
+        if self.table.running[slot]:
+            self._running = self._running[self._running != slot]
+        self.table.remove(info.request_id)
+        return rec
+
+    def _sync_capacity(self) -> None:
+        cap = self.table.capacity
+        if self._target.size == cap:
+            return
+        grow = cap - self._target.size
+        self._target = np.concatenate([self._target, np.zeros(grow, np.int64)])
+        self._swapped = np.concatenate([self._swapped, np.zeros(grow, np.bool_)])
+        self._refreshed = np.concatenate([self._refreshed, np.zeros(grow, np.int64)])
+        self._first_token = np.concatenate([self._first_token, np.full(grow, np.nan)])
+        self._true = np.concatenate([self._true, np.zeros(grow, np.int64)])
+        self._seg_open = np.concatenate([self._seg_open, np.full(grow, -1, np.int64)])
