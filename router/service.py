@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import math
+import re
 import time
 import uuid
 from array import array
@@ -56,6 +57,7 @@ _RETRYABLE = (
     httpx.WriteError,
     httpx.PoolTimeout,
 )
+_STOP_REASON = re.compile(rb'"stop_reason":\s*"([^"]{0,300})"')
 _NO_RETRY = {"x-should-retry": "false"}  # tells the OpenAI SDK not to retry (the SLO is already lost)
 
 
@@ -404,7 +406,7 @@ class Router:
         if finish_reason in self.config.drop_finish_reasons:
             flight.dropped = True
             self._finish(flight, now, "waiting_time")
-            return error_response(self._drop_error(flight), extra=_NO_RETRY)
+            return error_response(self._drop_error(flight, content), extra=_NO_RETRY)
         flight.finish = now
         self._finish(flight, now, None)
         return Response(content, 200, headers, "application/json")
@@ -449,7 +451,7 @@ class Router:
             release()
             flight.dropped = True
             self._finish(flight, self.clock(), "waiting_time")
-            return error_response(self._drop_error(flight), extra=_NO_RETRY)
+            return error_response(self._drop_error(flight, first), extra=_NO_RETRY)
         self._tokens(flight, first)
         state = {"reason": "client_disconnect", "closed": False}
 
@@ -482,8 +484,15 @@ class Router:
                 if self._is_drop(chunk):
                     flight.dropped = True
                     state["reason"] = "waiting_time"
-                    yield chunk.split(b"data: [DONE]", 1)[0]
-                    yield self._drop_error(flight).sse_event() + b"data: [DONE]\n\n"
+                    # Events before the drop are the client's; the abort event and [DONE] become the error.
+                    kept = [
+                        e
+                        for e in chunk.split(b"\n\n")
+                        if e.strip() and not self._is_drop(e) and b"[DONE]" not in e
+                    ]
+                    if kept:
+                        yield b"\n\n".join(kept) + b"\n\n"
+                    yield self._drop_error(flight, chunk).sse_event() + b"data: [DONE]\n\n"
                     return
                 self._tokens(flight, chunk)
                 yield chunk
@@ -538,10 +547,12 @@ class Router:
                 flight.prompt_tokens = usage.get("prompt_tokens", flight.prompt_tokens)
                 flight.completion_tokens = usage.get("completion_tokens", flight.completion_tokens)
 
-    def _drop_error(self, flight: Flight) -> RouterError:
+    def _drop_error(self, flight: Flight, chunk: bytes = b"") -> RouterError:
+        found = _STOP_REASON.search(chunk)
+        detail = f"; engine: {found.group(1).decode('utf-8', 'replace')}" if found else ""
         return unavailable(
             f"request dropped: not started within its waiting_time of {flight.slo.waiting_time:g}s "
-            f"(SLO class {flight.slo_class!r})",
+            f"(SLO class {flight.slo_class!r}){detail}",
             "waiting_time_exceeded",
             retry_after=None,
         )

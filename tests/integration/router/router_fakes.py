@@ -76,8 +76,11 @@ class FakeEngine:
     state: dict[str, Any] | None = None  # None: no /jitserve/state (404), like plain vLLM
     tokens: int = 4  # tokens per response (capped by max_tokens)
     token_delay_s: float = 0.0
-    mode: str = "ok"  # ok | drop (finish_reason abort, no tokens) | fail (500 before any token)
+    # ok | drop (finish_reason abort before any token, as the JITServe engine drops past waiting_time)
+    # | drop_after_first (one token, then abort) | fail (500 before any token)
+    mode: str = "ok"
     received: list[dict[str, Any]] = field(default_factory=list)
+    state_polls: int = 0
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
 
@@ -92,6 +95,7 @@ class FakeEngine:
     # -- HTTP ----------------------------------------------------------------------------------------
     def app(self) -> Starlette:
         async def state(_: Request) -> Response:
+            self.state_polls += 1
             if self.state is None:
                 return JSONResponse({"detail": "Not Found"}, 404)
             return JSONResponse({**self.state, "updated_at": time.time()})
@@ -125,17 +129,20 @@ class FakeEngine:
         self.received.append(body)
         if self.mode == "fail":
             return JSONResponse({"error": {"message": "engine failed", "type": "internal"}}, 500)
-        n = 0 if self.mode == "drop" else min(self.tokens, int(body.get("max_tokens") or self.tokens))
-        finish = "abort" if self.mode == "drop" else "length"
+        n = min(self.tokens, int(body.get("max_tokens") or self.tokens))
+        n = {"drop": 0, "drop_after_first": 1}.get(self.mode, n)
+        finish = "abort" if self.mode.startswith("drop") else "length"
         rid = f"fake-{self.name}-{len(self.received)}"
         if not body.get("stream"):
             await asyncio.sleep(self.token_delay_s * n)
             text = " tok" * n
-            choice = (
+            choice: dict[str, Any] = (
                 {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
                 if chat
                 else {"index": 0, "text": text, "finish_reason": finish}
             )
+            if finish == "abort":
+                choice["stop_reason"] = "jitserve: waiting_time 5s exceeded"
             return JSONResponse(
                 {
                     "id": rid,
@@ -150,9 +157,9 @@ class FakeEngine:
         async def events() -> AsyncIterator[bytes]:
             for i in range(n):
                 await asyncio.sleep(self.token_delay_s)
-                last = i == n - 1
+                last = i == n - 1 and finish != "abort"
                 yield _event(rid, chat, " tok", finish if last else None, body.get("model"))
-            if n == 0:
+            if finish == "abort":
                 yield _event(rid, chat, "", finish, body.get("model"))
             yield b"data: [DONE]\n\n"
 
@@ -173,6 +180,15 @@ class FakeEngine:
             time.sleep(0.01)
         return self
 
+    def wait_polled(self, times: int = 2, timeout: float = 10.0) -> None:
+        """Until the router has fetched the state `times` more times (it has seen the current one)."""
+        target = self.state_polls + times
+        deadline = time.monotonic() + timeout
+        while self.state_polls < target:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"router stopped polling {self.name}")
+            time.sleep(0.01)
+
     def stop(self) -> None:
         """Like a killed pod: the port stops accepting connections."""
         if self._server is not None:
@@ -190,6 +206,8 @@ def _event(rid: str, chat: bool, text: str, finish: str | None, model: Any) -> b
     else:
         choice = {"index": 0, "text": text, "finish_reason": finish}
         obj = "text_completion"
+    if finish == "abort":  # what the JITServe engine writes when it drops a request
+        choice["stop_reason"] = "jitserve: waiting_time 5s exceeded"
     payload = {"id": rid, "object": obj, "created": 0, "model": model, "choices": [choice]}
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 

