@@ -6,7 +6,8 @@ common stage count so that matching a partial program against every stored graph
 vectorized numpy operations:
 
 1. prune stored graphs whose prefix diverges: a different set of models/tools at any stage already
-   revealed (including the stage in progress), or fewer stages than already revealed;
+   revealed (including the stage in progress), or fewer stages than already revealed (stages past a
+   match's end get the whole deadline D);
 2. score the rest with Gaussian kernels on log-scaled attributes: node kernel over a completed
    stage's output tokens (LLM) and tool seconds, edge kernel over the input tokens flowing into the
    stage (also known for the stage in progress);
@@ -131,7 +132,7 @@ class PatternConfig:
     edge_weight: float = 0.4
     clusters: int = 16  # K of K-medoids
     probe_clusters: int = 4  # clusters searched before falling back to a full scan
-    index_min_graphs: int = 10_000  # use the cluster index only at or above this history size
+    index_min_graphs: int = 2_000  # below this a full vectorized scan is faster (bench)
     recluster_fraction: float = 0.25  # recluster after this share of the history was replaced
     default_stages: int = 3  # fallback stage count with no usable history
     seed: int = 0
@@ -377,7 +378,9 @@ class PatternStore:
         seen = sig.size  # revealed stages: `done` completed plus at most one in progress
         if seen > cfg.max_stages:
             return np.zeros(slots.size), np.zeros(slots.size, dtype=bool)
-        alive = self._valid[slots] & (self._n_stages[slots] >= max(seen, done + 1))
+        # A stored graph shorter than the revealed prefix diverged. One exactly as long as the
+        # completed prefix is kept: it says the next stage is the last (D_s = D past its end).
+        alive = self._valid[slots] & (self._n_stages[slots] >= seen)
         if seen:
             alive &= np.all(self._sig[slots, :seen] == sig, axis=1)
         if done:

@@ -185,7 +185,7 @@ def sample_program(app: str, rng: np.random.Generator) -> PatternGraph:
     - chatbot: 2-6 sequential LLM turns;
     - deep_research: plan, then 1-3 rounds of (1-3 parallel web searches, one read per result),
       then a final write;
-    - agentic_codegen: write code, then 0-3 rounds of (run tests, fix);
+    - agentic_codegen: write code, then 1-3 rounds of (run tests, fix);
     - math_reasoning: tree of thoughts, 2-4 levels of 2-3 parallel thoughts, then a vote.
     """
     if app not in APPS:
@@ -203,7 +203,7 @@ def sample_program(app: str, rng: np.random.Generator) -> PatternGraph:
         stages.append([("llm", prof.model)])
     elif app == "agentic_codegen":
         stages = [[("llm", prof.model)]]
-        for _ in range(rng.integers(0, 4)):
+        for _ in range(rng.integers(1, 4)):
             stages += [[("tool", "run_tests")], [("llm", prof.model)]]
     else:
         stages = [[("llm", prof.model)] * int(rng.integers(2, 4)) for _ in range(rng.integers(2, 5))]
