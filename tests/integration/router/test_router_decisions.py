@@ -1,0 +1,173 @@
+"""The router's pure decision functions, without a server: stale-state fallback, admission with
+downgrade, compound sub-deadlines, goodput windows, keys, request parsing, class tables."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from router_fakes import idle_state, loaded_state
+
+from jitserve.router.accounting import Accounting
+from jitserve.router.admission import Action, decide
+from jitserve.router.auth import Keyring, keys_from_secret_data, parse_keys
+from jitserve.router.classes import table_from_configmap
+from jitserve.router.errors import RouterError
+from jitserve.router.inbound import parse_inbound
+from jitserve.router.programs import ProgramTracker
+from jitserve.router.replicas import Defaults, Health, Replica, effective_state
+from jitserve.scheduler.analyzer.patterns import PatternStore
+from jitserve.scheduler.goodput import RequestRecord
+from jitserve.scheduler.placement import ReplicaState
+from jitserve.scheduler.requests import NewRequest
+from jitserve.scheduler.slo import PAPER_CLASSES, SLO, OverloadAction, SLOClassSpec
+
+DEFAULTS = Defaults(stale_after_s=2.0)
+
+
+def replica(state: dict | None, at: float, inflight: int = 0) -> Replica:
+    r = Replica("p", "http://p", ReplicaState.model_validate(state) if state else None, at, frozenset({"m"}))
+    r.healthy, r.inflight = True, inflight
+    return r
+
+
+def test_fresh_state_counts_requests_sent_since_the_report() -> None:
+    r = replica(idle_state("p", running=7), at=100.0)
+    r.sent_since_state = 3  # one fills the last slot, two queue behind a full batch
+    s = effective_state(r, 0.0, 100.5, DEFAULTS)
+    assert s is not None and s.waiting == 3 and s.queue_delay_s > 0
+    assert r.health(100.5, 2.0) is Health.FRESH
+
+
+def test_stale_state_falls_back_to_last_speeds_and_router_in_flight_counts() -> None:
+    r = replica(loaded_state("p", step_time_s=0.07), at=100.0, inflight=2)
+    s = effective_state(r, 0.0, 110.0, DEFAULTS)  # 10 s old: the pod's own load figures are not trusted
+    assert r.health(110.0, 2.0) is Health.STALE
+    assert s is not None and s.step_time_s == 0.07 and s.running == 2 and s.waiting == 0
+    assert s.queue_delay_s == 0 and s.admission_priority == 0
+
+
+def test_engines_without_state_use_defaults_and_down_ones_are_excluded() -> None:
+    r = replica(None, at=-np.inf, inflight=10)
+    s = effective_state(r, 0.0, 5.0, DEFAULTS)
+    assert s is not None and s.step_time_s == DEFAULTS.step_time_s and s.waiting == 10 - DEFAULTS.batch_size
+    r.down = True
+    assert effective_state(r, 0.0, 5.0, DEFAULTS) is None
+    pending = Replica("q", "http://q")
+    assert effective_state(pending, 0.0, 5.0, DEFAULTS) is None
+
+
+def request(slo: SLO, max_tokens: int = 50) -> NewRequest:
+    return NewRequest("r1", slo, arrival=0.0, input_len=100, max_tokens=max_tokens)
+
+
+def test_admission_places_rejects_or_downgrades() -> None:
+    busy = ReplicaState.model_validate(loaded_state("a", queue_delay_s=30))
+    idle = ReplicaState.model_validate(idle_state("b"))
+    tight = request(SLO.deadline_slo(deadline=5))
+    d = decide(tight, "deadline", OverloadAction.REJECT, PAPER_CLASSES, [busy, idle], now=0.0)
+    assert d.action is Action.ADMIT and d.replica == 1
+    d = decide(tight, "deadline", OverloadAction.REJECT, PAPER_CLASSES, [busy, busy], now=0.0)
+    assert d.action is Action.REJECT and d.replica is None and d.retry_after_s == 30
+    d = decide(tight, "deadline", OverloadAction.DOWNGRADE, PAPER_CLASSES, [busy, busy], now=0.0)
+    assert d.action is Action.DOWNGRADE and d.slo_class == "best-effort"
+    assert d.request.slo.type.value == "best-effort" and d.request.slo.waiting_time == tight.slo.waiting_time
+
+
+def test_program_sub_deadlines_without_history_split_the_budget_and_never_lag() -> None:
+    tracker = ProgramTracker(store=PatternStore())
+    slo = SLO.compound(stages=4, per_stage=10)  # D = 40 s
+    p0 = tracker.begin_stage("p", "compound", slo, now=0.0, stages_hint=4, per_stage=None)
+    assert (p0.stage, p0.deadline_abs, p0.program_deadline_abs) == (0, 10.0, 40.0)
+    tracker.end_call("p", RequestRecord(slo, 0.0, 10, [1.0] * 5, finish=1.0), "m", started=0.0)
+    p1 = tracker.begin_stage("p", "compound", slo, now=25.0, stages_hint=4, per_stage=None)
+    # uniform phi says 20 s, already past: the stage gets an even share of the 15 s left instead
+    assert p1.stage == 1 and p1.deadline_abs == pytest.approx(25.0 + 15.0 / 3)
+    assert p1.program_goodput == 15  # 10 prompt + 5 output tokens of stage 0
+
+
+def test_parallel_calls_share_a_stage_and_per_stage_classes_grow_the_deadline() -> None:
+    tracker = ProgramTracker(store=None)
+    slo = SLO.compound(stages=1, per_stage=10)
+    a = tracker.begin_stage("p", "c", slo, now=0.0, stages_hint=None, per_stage=10.0)
+    b = tracker.begin_stage("p", "c", slo, now=0.5, stages_hint=None, per_stage=10.0)
+    assert a.stage == b.stage == 0
+    for _ in range(2):
+        tracker.end_call("p", RequestRecord(slo, 0.0, 1, [2.0], finish=2.0))
+    c = tracker.begin_stage("p", "c", slo, now=3.0, stages_hint=None, per_stage=10.0)
+    assert c.stage == 1 and c.program_deadline_abs == 20.0 and c.deadline_abs == 20.0
+
+
+def test_programs_end_when_idle_and_count_compound_goodput_once() -> None:
+    done = []
+    tracker = ProgramTracker(idle_timeout=5.0, on_finish=lambda prog, g: done.append((prog.program_id, g)))
+    slo = SLO.compound(stages=1, per_stage=10)
+    tracker.begin_stage("p", "c", slo, now=0.0, stages_hint=None, per_stage=None)
+    tracker.end_call("p", RequestRecord(slo, 0.0, 4, [1.0, 2.0], finish=2.0))
+    assert tracker.expire(4.0, force=True) == 0
+    assert tracker.expire(8.0, force=True) == 1 and len(tracker) == 0
+    assert done[0][0] == "p" and done[0][1].tokens == 6 and done[0][1].met
+
+
+def test_program_memory_is_bounded() -> None:
+    tracker = ProgramTracker(max_programs=3)
+    slo = SLO.compound(stages=1, per_stage=10)
+    for i in range(10):
+        tracker.begin_stage(f"p{i}", "c", slo, now=float(i), stages_hint=None, per_stage=None)
+    assert len(tracker) == 3 and tracker.get("p9") is not None and tracker.get("p0") is None
+
+
+def test_goodput_window_and_attainment() -> None:
+    acc = Accounting(window_s=10)
+    slo = SLO.latency(ttft=1.0, tbt=0.5)
+    acc.record("chat", RequestRecord(slo, 0.0, 3, [0.5, 1.0, 1.5], finish=1.5), now=2.0)  # on time
+    acc.record("chat", RequestRecord(slo, 0.0, 3, [3.0, 3.1], finish=3.1), now=3.0)  # first token late
+    st = acc.status(now=5.0)["chat"]
+    assert st["finished"] == 2 and st["attainment"] == 0.5 and st["goodput"] == pytest.approx(3 / 10)
+    later = acc.status(now=100.0)["chat"]  # the window moved on; totals remain
+    assert later["finished"] == 0 and later["attainment"] is None and later["finished_total"] == 2
+
+
+def test_api_keys_file_and_secret_formats() -> None:
+    keys = parse_keys("sk-1 alice\n\n# comment\nsk-2   # no tenant\n", "f")
+    assert keys == {"sk-1": "alice", "sk-2": "default"}
+    with pytest.raises(ValueError, match="f:1"):
+        parse_keys("a b c", "f")
+    assert keys_from_secret_data({"api-keys": "k1 t1", "extra": "k2 t2"}, "s") == {"k1": "t1", "k2": "t2"}
+    ring = Keyring(keys)
+    assert ring.tenant("Bearer sk-1") == "alice"
+    with pytest.raises(RouterError) as err:
+        ring.tenant("Bearer sk-3")
+    assert err.value.status == 401
+    assert Keyring().tenant(None) == "default"  # no keys configured: auth off
+    locked = Keyring()
+    locked.replace({})  # a Secret with no keys locks the router rather than opening it
+    with pytest.raises(RouterError):
+        locked.tenant("Bearer anything")
+
+
+def test_request_parsing_estimates_and_strips() -> None:
+    body = {"model": "m", "prompt": [1, 2, 3, 4], "max_tokens": 9, "program_id": 17, "slo_class": "x"}
+    inbound = parse_inbound("completion", body, {"x-slo-deadline": "4", "x-program-stages": "3"})
+    assert inbound.input_len == 4 and inbound.max_tokens == 9 and inbound.program_id == "17"
+    assert inbound.program_stages == 3 and inbound.slo_fields == {"slo_class": "x", "deadline": "4"}
+    assert "program_id" not in inbound.body and "slo_class" not in inbound.body
+    with pytest.raises(RouterError) as err:
+        parse_inbound("completion", {"model": "m", "prompt": [True]}, {})
+    assert err.value.param == "prompt"
+
+
+def test_configmap_tables_validate_and_name_the_problem() -> None:
+    good = {"classes.json": json.dumps({"a": {"type": "deadline", "deadlineSeconds": 3}})}
+    table = table_from_configmap(good, None, "cm")
+    assert (
+        table.classes["a"] == SLOClassSpec(type="deadline", deadlineSeconds=3)
+        and table.default_class() is None
+    )
+    with pytest.raises(ValueError, match="class 'a': ttftSeconds"):
+        table_from_configmap(
+            {"classes.json": json.dumps({"a": {"type": "latency", "ttftSeconds": -1}})}, None, "cm"
+        )
+    with pytest.raises(ValueError, match="default class 'zz'"):
+        table_from_configmap({**good, "default": "zz"}, None, "cm")
