@@ -9,12 +9,16 @@ configuration (docs/decisions/sim.md, "Baselines").
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jitserve.scheduler.gmax import GMAXParams
 from jitserve.scheduler.policy import EDFPolicy, FCFSPolicy, GMAXPolicy, Policy, SJFPolicy, oracle_policy
 from jitserve.sim.profiles import BatchTimeModel, Profile
+
+
+GMAX_STEP_SHARE = float(os.environ.get("JITSERVE_SIM_GMAX_STEP_SHARE", "0.3"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +33,16 @@ class SimContext:
     @property
     def batch_size(self) -> int:
         return self.profile.max_num_seqs
+
+    @property
+    def gmax_batch_size(self) -> int:
+        """GMAX's B: the largest batch whose decode step (2k-token contexts) takes at most
+        `GMAX_STEP_SHARE` of the tightest TBT, capped by max_num_seqs (docs/decisions/sim.md)."""
+        limit = GMAX_STEP_SHARE * self.tightest_tbt
+        b = 1
+        while b < self.batch_size and self.timing.decode_step_time(b + 1, 2048.0) <= limit:
+            b += 1
+        return b
 
     @property
     def sarathi_budget(self) -> int:
@@ -53,7 +67,7 @@ class PolicySetup:
 
 
 def _jitserve(ctx: SimContext, oracle: bool) -> PolicySetup:
-    params = GMAXParams(batch_size=ctx.batch_size, preemption="auto")
+    params = GMAXParams(batch_size=ctx.gmax_batch_size, preemption="auto")
     policy = oracle_policy(params) if oracle else GMAXPolicy(params=params)
     return PolicySetup(
         policy,

@@ -1,0 +1,122 @@
+"""`jitserve sim`: run policies on a workload in the simulator and compare their goodput.
+
+Imports stay light at module level (the `jitserve` dispatcher imports every subcommand's module to
+build its parser); the simulator loads inside `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_POLICIES = "jitserve,jitserve-oracle,sarathi,vllm,vllm-priority,edf,sjf,ltr,autellix,tempo,slos-serve,qlm"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", default="paper-mix", help="YAML file or shipped name (paper-mix)")
+    parser.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated policy names")
+    parser.add_argument("--json", dest="json_out", type=Path, help="write results here (policy -> metrics)")
+    parser.add_argument("--rate", type=float, help="requests/s per replica (default: the workload's)")
+    parser.add_argument("--rates", help="comma-separated rates per replica: a sweep (goodput vs rate)")
+    parser.add_argument("--replicas", type=int, help="replicas (default: the workload's)")
+    parser.add_argument("--duration", type=float, help="seconds of arrivals (default: the workload's)")
+    parser.add_argument("--seed", type=int, help="seed (default: the workload's)")
+    parser.add_argument("--profile", help="engine profile name or YAML (default: the workload's)")
+    parser.add_argument(
+        "--placement", choices=("power-of-k", "round-robin", "least-load", "power-of-two"),
+        help="placement across replicas for every policy (default: each policy's own)",
+    )
+    parser.add_argument("--predictor", default="auto", choices=("auto", "qrf", "conditional"),
+                        help="length bounds: the analyzer's QRF or the conditional-quantile stand-in")
+    parser.add_argument("--heterogeneity", type=float, help="override the profile's length-mix penalty h")
+    parser.add_argument("--plots", type=Path, help="directory for PNG plots")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _table(reports: dict, rate: float) -> str:  # type: ignore[type-arg]
+    head = f"{'policy':<16}{'tok goodput/s':>14}{'req goodput/s':>14}{'lat':>6}{'ddl':>6}{'cmp':>6}" \
+        f"{'ttft p50':>9}{'tbt p50':>8}{'thr tok/s':>10}{'drops':>7}{'wall s':>7}"
+    lines = [f"rate {rate:g} req/s per replica", head]
+    for name, r in reports.items():
+        att = r.attainment
+        lines.append(
+            f"{name:<16}{r.token_goodput:>14.1f}{r.request_goodput:>14.3f}"
+            f"{att.get('latency', 0):>6.2f}{att.get('deadline', 0):>6.2f}{att.get('compound', 0):>6.2f}"
+            f"{(r.ttft_p50 or 0):>9.2f}{(r.tbt_p50 or 0):>8.3f}{r.throughput_total_tokens_per_s:>10.0f}"
+            f"{r.dropped:>7d}{r.wall_s:>7.1f}"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from jitserve.sim.runner import RunConfig, compare, make_bounds
+    from jitserve.sim.workload import load_workload
+
+    try:
+        spec = load_workload(args.workload)
+    except (ValueError, OSError) as exc:
+        print(f"jitserve sim: {exc}", file=sys.stderr)
+        return 2
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    rates = [float(x) for x in args.rates.split(",")] if args.rates else [args.rate or spec.arrivals.rate_per_replica]
+    base = RunConfig(
+        replicas=args.replicas, duration_s=args.duration, seed=args.seed, profile=args.profile,
+        placement=args.placement, predictor=args.predictor, heterogeneity=args.heterogeneity,
+    )
+    duration = args.duration or spec.duration_s
+    seed = spec.seed if args.seed is None else args.seed
+    bounds = make_bounds(spec, base, seed)
+    by_rate = {}
+    bar = tqdm(total=len(rates) * len(policies) * int(duration), unit="sim-s", disable=args.quiet, file=sys.stderr)
+    for rate in rates:
+        cfg = RunConfig(
+            rate_per_replica=rate, replicas=base.replicas, duration_s=base.duration_s, seed=base.seed,
+            profile=base.profile, placement=base.placement, predictor=base.predictor,
+            heterogeneity=base.heterogeneity,
+        )
+        done: dict[str, float] = {}
+
+        def progress(name: str, t: float, done: dict[str, float] = done, rate: float = rate) -> None:
+            prev = done.get(name, 0.0)
+            bar.set_description(f"{name} @ {rate:g}/s")
+            bar.update(int(t) - int(prev))
+            done[name] = t
+
+        try:
+            by_rate[rate] = compare(spec, policies, cfg, on_progress=progress, bounds=bounds)
+        except ValueError as exc:
+            bar.close()
+            print(f"jitserve sim: {exc}", file=sys.stderr)
+            return 2
+    bar.close()
+    for rate, reports in by_rate.items():
+        print(_table(reports, rate))
+        print()
+    if args.json_out:
+        out: dict[str, object] = {}
+        first = by_rate[rates[0]]
+        for name in policies:
+            entry = first[name].to_json()
+            entry.pop("goodput_timeline", None)
+            if len(rates) > 1:
+                entry["by_rate"] = {
+                    str(r): {k: v for k, v in by_rate[r][name].to_json().items() if k != "goodput_timeline"}
+                    for r in rates
+                }
+            entry["goodput_timeline"] = first[name].goodput_timeline
+            out[name] = entry
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(out, indent=1))
+    if args.plots:
+        from jitserve.sim.plots import goodput_over_time, goodput_vs_rate
+
+        args.plots.mkdir(parents=True, exist_ok=True)
+        goodput_over_time(by_rate[rates[0]], args.plots / "goodput_over_time.png")
+        if len(rates) > 1:
+            goodput_vs_rate(by_rate, args.plots / "goodput_vs_rate.png")
+            goodput_vs_rate(by_rate, args.plots / "request_goodput_vs_rate.png", metric="request_goodput")
+    return 0
