@@ -38,6 +38,7 @@ MAX_PROGRAM_STAGES = 1000
 # only shapes placement (prefill time); the engine counts real tokens.
 CHARS_PER_TOKEN = 4.0
 PREFIX_CHARS = 512  # characters hashed for the prefix-cache locality hint
+MAX_TOKENS_LIMIT = 2**31 - 1  # beyond any model's context; keeps the int64 request columns exact
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +79,8 @@ def _positive_int(body: Mapping[str, Any], key: str) -> int | None:
     if value is None:
         return None
     _require(
-        isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-        f"{key} must be an integer >= 1, got {value!r}",
+        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_TOKENS_LIMIT,
+        f"{key} must be an integer in [1, {MAX_TOKENS_LIMIT}], got {value!r}",
         key,
     )
     return int(value)

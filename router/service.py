@@ -615,6 +615,15 @@ class Router:
                     "inflight": r.inflight,
                     "chosen_total": r.chosen_total,
                     "models": sorted(r.models),
+                    # the pod's last report, as placement sees it before its own adjustments
+                    "state": None
+                    if r.state is None
+                    else {
+                        "running": r.state.running,
+                        "waiting": r.state.waiting,
+                        "queue_delay_s": r.state.queue_delay_s,
+                        "age_s": round(now - r.state_at, 3),
+                    },
                 }
                 for r in self.pool.replicas.values()
             },

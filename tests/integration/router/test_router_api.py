@@ -66,6 +66,7 @@ def test_oversized_body_is_a_413(routed) -> None:
         ({"target_tbt": 0.1}, "target_tbt", "invalid_slo"),
         ({"slo_class": "gold"}, "slo_class", "unknown_slo_class"),
         ({"max_tokens": 0}, "max_tokens", "invalid_value"),
+        ({"max_tokens": 10**30}, "max_tokens", "invalid_value"),
         ({"program_stages": 0, "program_id": "p"}, "program_stages", "invalid_value"),
         ({"messages": []}, "messages", "invalid_value"),
     ],

