@@ -1,0 +1,94 @@
+"""End to end: every policy runs, results are deterministic, goodput goes through the core."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from jitserve.scheduler.goodput import request_goodput
+from jitserve.scheduler.slo import SLOType
+from jitserve.sim.metrics import program_result, report
+from jitserve.sim.policies import POLICIES
+from jitserve.sim.predictor import ConditionalBounds
+from jitserve.sim.profiles import load_profile
+from jitserve.sim.runner import RunConfig, compare
+from jitserve.sim.simulator import simulate
+from jitserve.sim.workload import generate, load_workload
+
+SMALL = RunConfig(rate_per_replica=1.5, replicas=1, duration_s=40.0, predictor="conditional", drain_s=200.0)
+
+
+@pytest.fixture(scope="module")
+def spec():  # type: ignore[no-untyped-def]
+    return load_workload("paper-mix")
+
+
+def test_every_policy_runs_on_the_same_arrivals(spec) -> None:  # type: ignore[no-untyped-def]
+    reports = compare(spec, list(POLICIES), SMALL)
+    counts = {r.requests for r in reports.values()}
+    assert len(counts) == 1 and counts.pop() > 20
+    for name, r in reports.items():
+        assert np.isfinite(r.token_goodput) and r.token_goodput >= 0, name
+        assert 0 <= r.token_attainment <= 1 + 1e-9, name
+
+
+def test_same_seed_same_numbers(spec) -> None:  # type: ignore[no-untyped-def]
+    a = compare(spec, ["jitserve", "ltr"], SMALL)
+    b = compare(spec, ["jitserve", "ltr"], SMALL)
+    strip = lambda rs: {k: {f: v for f, v in r.to_json().items() if f != "wall_s"} for k, r in rs.items()}  # noqa: E731
+    assert json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
+    c = compare(spec, ["jitserve"], RunConfig(**{**SMALL.__dict__}) if False else
+                RunConfig(rate_per_replica=1.5, replicas=1, duration_s=40.0, predictor="conditional",
+                          drain_s=200.0, seed=99))
+    assert c["jitserve"].requests != a["jitserve"].requests or c["jitserve"].token_goodput != a["jitserve"].token_goodput
+
+
+def test_report_goodput_is_the_cores_goodput(spec) -> None:  # type: ignore[no-untyped-def]
+    progs = generate(spec, rate=1.0, replicas=1, duration_s=30.0)
+    out = simulate(progs, "sarathi", load_profile("llama-3.1-8b-a100"), 1, ConditionalBounds(), 30.0)
+    rep = report(out)
+    total = 0.0
+    for st in out.programs:
+        g = program_result(st)
+        if st.program.slo_type is not SLOType.COMPOUND and st.records:
+            assert g == request_goodput(st.records[0])
+        total += g.tokens
+    assert rep.token_goodput_total == pytest.approx(total)
+    # every call of every finished program produced exactly its true length
+    for st in out.programs:
+        if st.finish is not None:
+            assert sorted(r.output_len for r in st.records) == sorted(c.output_len for c in st.program.calls)
+
+
+@pytest.mark.parametrize("placement", ["round-robin", "least-load", "power-of-two", "power-of-k"])
+def test_placements_spread_work_over_replicas(spec, placement: str) -> None:  # type: ignore[no-untyped-def]
+    progs = generate(spec, rate=1.0, replicas=3, duration_s=20.0)
+    out = simulate(progs, "jitserve", load_profile("llama-3.1-8b-a100"), 3, ConditionalBounds(), 20.0,
+                   placement=placement)
+    busy = [e.stats.decode_tokens for e in out.engines]
+    assert sum(1 for b in busy if b > 0) >= 2
+
+
+def test_workload_matches_its_table(spec) -> None:  # type: ignore[no-untyped-def]
+    progs = generate(spec, rate=5.0, replicas=1, duration_s=2000.0)
+    types = [p.slo_type for p in progs]
+    for t in (SLOType.LATENCY, SLOType.DEADLINE, SLOType.COMPOUND):
+        assert types.count(t) / len(types) == pytest.approx(1 / 3, abs=0.03)
+    chat_out = [p.calls[0].output_len for p in progs if p.app == 0 and p.slo_type is not SLOType.COMPOUND]
+    assert np.percentile(chat_out, 50) == pytest.approx(225, rel=0.15)  # Table 2: P50 225
+    assert np.percentile(chat_out, 95) == pytest.approx(1024, rel=0.2)  # Table 2: P95 1024
+
+
+def test_conditional_bounds_cover_and_tighten() -> None:
+    rng = np.random.default_rng(1)
+    mu, sigma = 5.0, 0.8
+    true = np.exp(mu + sigma * rng.standard_normal(20_000))
+    feats = np.tile([mu, sigma, 100, 1, 0, 1e6], (true.size, 1))
+    b = ConditionalBounds(quantile=0.9)
+    ub0 = b.bounds(feats, np.zeros(true.size, np.int64))
+    assert np.mean(true <= ub0) == pytest.approx(0.9, abs=0.01)
+    g = np.full(true.size, 200)
+    ub = b.bounds(feats, g)
+    assert np.all(ub >= 201)
