@@ -89,8 +89,15 @@ def pods(emulated_cluster: EmulatedCluster) -> Iterator[EmulatedPodRunner]:
 
 
 def _wait(fn: Callable[[], T], timeout: float, what: str, pods: EmulatedPodRunner | None = None) -> T:
+    def check() -> T:
+        # A crashed pool pod never recovers by waiting: fail at once, with its log.
+        crashes = pods.crashes(POOL_NS) if pods is not None else []
+        if crashes:
+            raise AssertionError(f"while waiting for {what}, a pod crashed:\n" + "\n".join(crashes))
+        return fn()
+
     try:
-        return wait_for(fn, timeout=timeout, what=what)
+        return wait_for(check, timeout=timeout, what=what)
     except AssertionError as exc:
         logs = pods.logs_all() if pods is not None else ""
         errors = "\n".join(pods.errors) if pods is not None else ""

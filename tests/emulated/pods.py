@@ -223,6 +223,7 @@ class Container:
     last_exit: int | None = None
     restart_after: float = 0.0  # monotonic time of the next restart (backoff)
     ready: bool = False
+    stopped: set[int] = field(default_factory=set)  # pids this runner stopped (not crashes)
 
     def start(self, cwd: Path) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +232,13 @@ class Container:
             out.flush()
             # Own process group: stopping the pod also stops children (vLLM's engine-core process).
             self.proc = subprocess.Popen(
-                self.argv, env=self.env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                self.argv,
+                env=self.env,
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         self.started_at = _now()
         self.ready = False
@@ -243,6 +250,7 @@ class Container:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
+        self.stopped.add(proc.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -256,10 +264,14 @@ class Container:
             os.killpg(proc.pid, signal.SIGKILL)
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return _tail(self.log_path, lines)
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -371,7 +383,8 @@ class EmulatedPodRunner:
         self._pod_ips = iter(POD_IP_RANGE)
         self._service_ips = iter(SERVICE_IP_RANGE)
         self._seq = itertools.count()
-        self._started: list[Container] = []  # every container ever started (pids, logs of gone pods)
+        # Every process ever started, with its container (pids and logs of gone pods, crashes).
+        self._started: list[tuple[Container, subprocess.Popen[bytes]]] = []
         self.errors: list[str] = []  # loop failures, for a test to show when something never converges
 
     # ---- lifecycle -----------------------------------------------------------------------------------
@@ -397,8 +410,9 @@ class EmulatedPodRunner:
         for pod in pods:
             for c in pod.containers:
                 c.stop(grace=min(self.max_grace, 5.0))
-        for c in self._started:  # older processes of restarted containers, should any linger
-            c.stop(grace=1.0)
+        for _, proc in self._started:  # belt and braces: no process group may outlive the runner
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
         self._proxy.stop()
         self.api.close()
 
@@ -417,13 +431,13 @@ class EmulatedPodRunner:
     def started_pids(self) -> list[int]:
         """Every process this runner ever started (restarts included), running or not."""
         with self._lock:
-            return [c.proc.pid for c in self._started if c.proc is not None]
+            return [proc.pid for _, proc in self._started]
 
     def logs_all(self, lines: int = 25) -> str:
         """The log tail of every container ever started here (to explain a failed wait)."""
         with self._lock:
-            containers = list(self._started)
-        return "\n".join(f"--- {c.log_path}\n{c.log_tail(lines)}" for c in containers)
+            containers = list(dict.fromkeys(c.log_path for c, _ in self._started))
+        return "\n".join(f"--- {path}\n{_tail(path, lines)}" for path in containers)
 
     def resolve(self, url: str) -> str:
         """http://<svc>.<ns>.svc[.cluster.local]:<port>/path -> the Service's emulated cluster IP."""
@@ -437,6 +451,18 @@ class EmulatedPodRunner:
             raise LookupError(f"no emulated Service {namespace}/{name} (from {url})")
         netloc = f"{ip}:{parts.port}" if parts.port else ip
         return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+    def crashes(self, namespace: str | None = None) -> list[str]:
+        """Processes that exited without this runner stopping them (none should, in a healthy test)."""
+        with self._lock:
+            started = list(self._started)
+        return [
+            f"{c.log_path} exited {proc.returncode}:\n{c.log_tail()}"
+            for c, proc in started
+            if proc.poll() is not None
+            and proc.pid not in c.stopped
+            and (namespace is None or f"/{namespace}/" in str(c.log_path))
+        ]
 
     def logs(self, namespace: str, deployment: str, lines: int = 30) -> str:
         return "\n".join(
@@ -574,9 +600,10 @@ class EmulatedPodRunner:
 
     def _start(self, c: Container, pod: EmulatedPod) -> None:
         c.start(pod.dir)
+        assert c.proc is not None
         with self._lock:
-            # A restart replaces c.proc: keep a record of the old process too (for started_pids).
-            self._started.append(copy.copy(c))
+            # A restart replaces c.proc: keep the record of every process (for started_pids, crashes).
+            self._started.append((c, c.proc))
 
     def _prepare(self, pod: EmulatedPod, spec: dict[str, Any]) -> None:
         """Volumes, env and argv of every container (rewrites 1-5 of the module docstring)."""
@@ -735,6 +762,9 @@ class EmulatedPodRunner:
                 entry: dict[str, Any] = {
                     "name": c.spec["name"],
                     "image": c.spec.get("image", ""),
+                    # Required by clients' typed models (the kubernetes client rejects a status without it).
+                    "imageID": f"emulated://{c.spec.get('image', '')}",
+                    "containerID": f"emulated://{c.proc.pid if c.proc is not None else 0}",
                     "ready": c.running() and c.ready,
                     "started": c.running(),
                     "restartCount": c.restarts,
@@ -807,6 +837,16 @@ class EmulatedPodRunner:
                 ip = self._services.pop(key)
             for port in self._service_ports.pop(key, set()):
                 self._proxy.remove(ip, port)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it if the runner's thread dies (a test killed mid-run must
+    not leave engines behind). Linux only; elsewhere the process-group cleanup in stop() remains."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 class _UnsupportedError(Exception):
