@@ -66,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="namespace of the engine pods, ConfigMap and Secret",
     )
     g.add_argument(
+        "--kubeconfig",
+        default=_env("kubeconfig", None),
+        metavar="PATH",
+        help="kubeconfig for out-of-cluster runs (in a pod: the service account; else KUBECONFIG)",
+    )
+    g.add_argument(
         "--engine-port", type=int, default=_env("engine-port", 8000), help="engine pods' HTTP port"
     )
     g.add_argument(
@@ -301,7 +307,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
             from jitserve.router import kube
 
             loop = asyncio.get_running_loop()
-            api = await asyncio.to_thread(kube.load_api)
+            api = await asyncio.to_thread(kube.load_api, args.kubeconfig)
             watches = []
             if args.engine_selector:
                 watches.append(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -19,13 +20,18 @@ from typing import Any
 log = logging.getLogger("jitserve.router.kube")
 
 
-def load_api() -> Any:
+def load_api(kubeconfig: str | None = None) -> Any:
+    """CoreV1Api: in-cluster service account, else the kubeconfig (given, or KUBECONFIG / ~/.kube/config).
+
+    The path is read here, not at import: the client library freezes its default path when imported."""
     from kubernetes import client, config
 
+    if kubeconfig:
+        return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
     return client.CoreV1Api()
 
 

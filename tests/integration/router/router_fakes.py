@@ -73,6 +73,7 @@ def loaded_state(name: str, queue_delay_s: float = 30.0, **over: Any) -> dict[st
 class FakeEngine:
     name: str
     port: int = field(default_factory=free_port)
+    host: str = "127.0.0.1"  # other loopback addresses (127.0.0.2, ...) emulate pod IPs on one port
     state: dict[str, Any] | None = None  # None: no /jitserve/state (404), like plain vLLM
     tokens: int = 4  # tokens per response (capped by max_tokens)
     token_delay_s: float = 0.0
@@ -86,7 +87,7 @@ class FakeEngine:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -168,7 +169,7 @@ class FakeEngine:
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> FakeEngine:
         config = uvicorn.Config(
-            self.app(), host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
+            self.app(), host=self.host, port=self.port, log_level="warning", lifespan="off"
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name=f"fake-{self.name}")

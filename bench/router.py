@@ -1,0 +1,413 @@
+"""Router overhead benchmark: added latency and throughput at a fixed streaming request rate, and RSS
+with thousands of concurrent streams, for `jitserve router` and the Rust `vllm-router` (PyPI) in front
+of the same FAST FAKE backend (a raw-asyncio OpenAI-style server that streams canned tokens; no model).
+
+    python bench/router.py latency --rate 200 --duration 20 [--vllm-router /tmp/vr-venv/bin/vllm-router]
+    python bench/router.py memory --streams 2000 [--vllm-router ...]
+    python bench/router.py all --json docs/benchmarks/router.json
+
+Added latency = percentile via the router - the same percentile sent straight to the backend, measured
+by the same client in the same run (client overhead cancels). TTFT = time to the first streamed chunk;
+E2E = time to the end of the stream. Each process is its own OS process; everything is killed at exit.
+Results are printed as a table and optionally written as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MODEL = "bench-model"
+# An idle, very fast engine: placement always finds room, so the benchmark measures the proxy path.
+STATE = {
+    "pod": "bench-backend", "model": MODEL, "step_time_s": 0.001, "prefill_tokens_per_s": 1e6,
+    "batch_size": 4096, "running": 0, "waiting": 0, "committed_bandwidth": 0.0, "residual_capacity": 4096.0,
+    "admission_priority": 0.0, "queue_delay_s": 0.0, "kv_usage": 0.0, "cutoff": 0.95, "frames": 1,
+    "updated_at": 0.0,
+}  # fmt: skip
+SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+
+
+# ---------------------------------------------------------------------------------- fake backend
+async def _backend(port: int, tokens: int, interval: float) -> None:
+    """A minimal HTTP/1.1 keep-alive server: /health, /v1/models, /jitserve/state, completions."""
+    event = (
+        b'data: {"id":"b","object":"text_completion","created":0,"model":"' + MODEL.encode()
+        + b'","choices":[{"index":0,"text":" tok","finish_reason":null}]}\n\n'
+    )  # fmt: skip
+    models = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
+
+    def chunk(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                line, _, rest = head.partition(b"\r\n")
+                method, path, _ = line.split(b" ", 2)
+                length = 0
+                for h in rest.split(b"\r\n"):
+                    if h[:15].lower() == b"content-length:":
+                        length = int(h[15:])
+                body = await reader.readexactly(length) if length else b""
+                if method == b"POST":
+                    stream = b'"stream":true' in body.replace(b" ", b"")
+                    if stream:
+                        writer.write(SSE_HEAD)
+                        for _ in range(tokens):
+                            writer.write(chunk(event))
+                            await writer.drain()
+                            if interval:
+                                await asyncio.sleep(interval)
+                        writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                    else:
+                        usage = {"prompt_tokens": 4, "completion_tokens": tokens, "total_tokens": 4 + tokens}
+                        choice = {"index": 0, "text": " tok" * tokens, "finish_reason": "length"}
+                        doc = {"id": "b", "object": "text_completion", "model": MODEL, "choices": [choice]}
+                        payload = json.dumps({**doc, "usage": usage}).encode()
+                        writer.write(JSON_HEAD % len(payload) + payload)
+                else:
+                    if path.startswith(b"/v1/models"):
+                        payload = models
+                    elif path.startswith(b"/jitserve/state"):
+                        payload = json.dumps({**STATE, "updated_at": time.time()}).encode()
+                    else:
+                        payload = b"{}"
+                    writer.write(JSON_HEAD % len(payload) + payload)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
+    async with server:
+        await server.serve_forever()
+
+
+# ---------------------------------------------------------------------------------- processes
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    port: int
+    popen: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def rss_mb(self) -> float:
+        import psutil
+
+        p = psutil.Process(self.popen.pid)
+        return sum(c.memory_info().rss for c in [p, *p.children(recursive=True)]) / 2**20
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+def spawn(name: str, cmd: list[str], port: int, log_dir: Path, health: str) -> Proc:
+    import httpx
+
+    log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 (the child owns it)
+    p = Proc(name, port, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if p.popen.poll() is not None:
+            raise RuntimeError(f"{name} exited; see {log_dir / (name + '.log')}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(p.url + health, timeout=1).status_code == 200:
+                return p
+        time.sleep(0.2)
+    p.stop()
+    raise RuntimeError(f"{name} not ready; see {log_dir / (name + '.log')}")
+
+
+def start_backend(log_dir: Path, tokens: int, interval: float) -> Proc:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        __file__,
+        "backend",
+        "--port",
+        str(port),
+        "--tokens",
+        str(tokens),
+        "--interval",
+        str(interval),
+    ]
+    return spawn("backend", cmd, port, log_dir, "/health")
+
+
+def start_jitserve(backend: Proc, log_dir: Path, extra: list[str]) -> Proc:
+    port = free_port()
+    cmd = [sys.executable, "-m", "jitserve.main", "router", "--engines", backend.url, "--port", str(port),
+           "--host", "127.0.0.1", "--log-level", "warning", *extra]  # fmt: skip
+    p = spawn("jitserve-router", cmd, port, log_dir, "/readyz")
+    return p
+
+
+def start_vllm_router(binary: str, backend: Proc, log_dir: Path) -> Proc:
+    port = free_port()
+    cmd = [binary, "--worker-urls", backend.url, "--port", str(port), "--host", "127.0.0.1",
+           "--policy", "power_of_two", "--log-level", "warning", "--health-check-endpoint", "/health",
+           "--prometheus-port", str(free_port())]  # fmt: skip
+    return spawn("vllm-router", cmd, port, log_dir, "/health")
+
+
+# ---------------------------------------------------------------------------------- load
+@dataclass
+class Result:
+    target: str
+    sent: int = 0
+    ok: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    ttft: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def pct(self, values: list[float], q: float) -> float:
+        import numpy as np
+
+        return float(np.percentile(values, q)) * 1000 if values else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "target": self.target, "sent": self.sent, "ok": self.ok, "errors": self.errors,
+            "throughput_rps": self.ok / self.wall_s if self.wall_s else 0.0,
+            "ttft_p50_ms": self.pct(self.ttft, 50), "ttft_p99_ms": self.pct(self.ttft, 99),
+            "e2e_p50_ms": self.pct(self.e2e, 50), "e2e_p99_ms": self.pct(self.e2e, 99),
+        }  # fmt: skip
+
+
+async def _one(client: Any, url: str, res: Result, body: bytes) -> None:
+    t0 = time.perf_counter()
+    try:
+        async with client.stream("POST", url + "/v1/completions", content=body,
+                                 headers={"content-type": "application/json"}) as resp:  # fmt: skip
+            if resp.status_code != 200:
+                await resp.aread()
+                res.errors[str(resp.status_code)] = res.errors.get(str(resp.status_code), 0) + 1
+                return
+            first = None
+            async for _ in resp.aiter_raw():
+                if first is None:
+                    first = time.perf_counter()
+            end = time.perf_counter()
+        res.ok += 1
+        res.ttft.append((first or end) - t0)
+        res.e2e.append(end - t0)
+    except Exception as exc:  # counted, never fatal: a benchmark reports failures
+        res.errors[type(exc).__name__] = res.errors.get(type(exc).__name__, 0) + 1
+
+
+async def constant_rate(target: str, url: str, rate: float, duration: float, tokens: int) -> Result:
+    import httpx
+
+    body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": tokens, "stream": True,
+                       "slo_class": "best-effort"}).encode()  # fmt: skip
+    res = Result(target)
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        # warm-up: open connections and JIT paths, not measured
+        await asyncio.gather(*(_one(client, url, Result("warm"), body) for _ in range(50)))
+        tasks = []
+        start = time.perf_counter()
+        n = int(rate * duration)
+        for i in range(n):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            res.sent += 1
+            tasks.append(asyncio.create_task(_one(client, url, res, body)))
+        await asyncio.gather(*tasks)
+        res.wall_s = time.perf_counter() - start
+    return res
+
+
+async def hold_streams(url: str, streams: int, proc: Proc, ramp_s: float) -> dict[str, Any]:
+    """Open `streams` concurrent slow streams through `url`; sample the router's RSS at the peak."""
+    import httpx
+
+    body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 10_000, "stream": True}).encode()
+    opened = 0
+    failed: dict[str, int] = {}
+    peak_rss = proc.rss_mb()
+    base_rss = peak_rss
+    limits = httpx.Limits(max_connections=streams + 16, max_keepalive_connections=streams + 16)
+
+    async def hold(client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+        nonlocal opened
+        try:
+            async with client.stream("POST", url + "/v1/completions", content=body,
+                                     headers={"content-type": "application/json"}) as resp:  # fmt: skip
+                if resp.status_code != 200:
+                    failed[str(resp.status_code)] = failed.get(str(resp.status_code), 0) + 1
+                    return
+                opened += 1
+                async for _ in resp.aiter_raw():
+                    if stop.is_set():
+                        return
+        except Exception as exc:
+            failed[type(exc).__name__] = failed.get(type(exc).__name__, 0) + 1
+
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        tasks = []
+        for _ in range(streams):
+            tasks.append(asyncio.create_task(hold(client, stop)))
+            await asyncio.sleep(ramp_s / streams)
+        t_end = time.monotonic() + 5
+        while time.monotonic() < t_end:  # all open: sample for a few seconds
+            peak_rss = max(peak_rss, proc.rss_mb())
+            await asyncio.sleep(0.25)
+        held = opened
+        stop.set()
+        await asyncio.gather(*tasks)
+    return {"target": proc.name, "streams_requested": streams, "streams_open": held, "failed": failed,
+            "rss_idle_mb": round(base_rss, 1), "rss_peak_mb": round(peak_rss, 1)}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- commands
+def run_latency(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    backend = start_backend(log_dir, args.tokens, 0.0)
+    procs = [backend]
+    try:
+        targets = [("direct", backend.url)]
+        jit = start_jitserve(backend, log_dir, args.router_arg or [])
+        procs.append(jit)
+        targets.append(("jitserve-router", jit.url))
+        if args.vllm_router:
+            vr = start_vllm_router(args.vllm_router, backend, log_dir)
+            procs.append(vr)
+            targets.append(("vllm-router", vr.url))
+        results = {}
+        for name, url in targets:
+            results[name] = asyncio.run(
+                constant_rate(name, url, args.rate, args.duration, args.tokens)
+            ).summary()
+        direct = results["direct"]
+        for name, r in results.items():
+            if name != "direct":
+                for m in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99"):
+                    r[f"added_{m}_ms"] = r[f"{m}_ms"] - direct[f"{m}_ms"]
+        return {"rate": args.rate, "duration_s": args.duration, "tokens": args.tokens, "results": results}
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def run_memory(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    # slow streams (one token per second) so every stream stays open while RSS is sampled
+    backend = start_backend(log_dir, 10_000, 1.0)
+    out = []
+    try:
+        jit = start_jitserve(
+            backend, log_dir, ["--max-inflight", str(args.streams + 100), *(args.router_arg or [])]
+        )
+        try:
+            out.append(asyncio.run(hold_streams(jit.url, args.streams, jit, args.ramp)))
+        finally:
+            jit.stop()
+        if args.vllm_router:
+            vr = start_vllm_router(args.vllm_router, backend, log_dir)
+            try:
+                out.append(asyncio.run(hold_streams(vr.url, args.streams, vr, args.ramp)))
+            finally:
+                vr.stop()
+    finally:
+        backend.stop()
+    return {"streams": args.streams, "results": out}
+
+
+def print_latency(res: dict[str, Any]) -> None:
+    print(f"\nstreaming completions at {res['rate']} req/s for {res['duration_s']} s, {res['tokens']} chunks")
+    print(f"{'target':18} {'ok/sent':>11} {'rps':>7} {'TTFT p50':>9} {'p99':>8} {'E2E p50':>8} {'p99':>8}"
+          f" {'added TTFT p50':>15} {'p99':>7}")  # fmt: skip
+    for name, r in res["results"].items():
+        added = f"{r['added_ttft_p50_ms']:15.2f} {r['added_ttft_p99_ms']:7.2f}" if name != "direct" else ""
+        print(f"{name:18} {r['ok']:>5}/{r['sent']:<5} {r['throughput_rps']:7.1f} {r['ttft_p50_ms']:9.2f}"
+              f" {r['ttft_p99_ms']:8.2f} {r['e2e_p50_ms']:8.2f} {r['e2e_p99_ms']:8.2f} {added}"
+              + (f"  errors={r['errors']}" if r["errors"] else ""))  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("backend", help="(internal) run the fake backend")
+    b.add_argument("--port", type=int, required=True)
+    b.add_argument("--tokens", type=int, default=16)
+    b.add_argument("--interval", type=float, default=0.0)
+    for name in ("latency", "memory", "all"):
+        p = sub.add_parser(name)
+        p.add_argument("--rate", type=float, default=200.0, help="streaming requests per second")
+        p.add_argument("--duration", type=float, default=20.0, help="seconds of load per target")
+        p.add_argument("--tokens", type=int, default=16, help="chunks per streamed response")
+        p.add_argument("--streams", type=int, default=2000, help="concurrent streams for the memory test")
+        p.add_argument("--ramp", type=float, default=10.0, help="seconds to open all streams")
+        p.add_argument(
+            "--vllm-router", default=None, help="path of the vllm-router binary (pip install vllm-router)"
+        )
+        p.add_argument(
+            "--router-arg", action="append", help="extra argument for jitserve router (repeatable)"
+        )
+        p.add_argument("--json", default=None, help="write results here")
+        p.add_argument("--log-dir", default="/tmp/bench-router-logs")
+    args = parser.parse_args(argv)
+    if args.cmd == "backend":
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            pass
+        asyncio.run(_backend(args.port, args.tokens, args.interval))
+        return 0
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_before": os.getloadavg()}
+    if args.cmd in ("latency", "all"):
+        out["latency"] = run_latency(args, log_dir)
+        print_latency(out["latency"])
+    if args.cmd in ("memory", "all"):
+        out["memory"] = run_memory(args, log_dir)
+        for r in out["memory"]["results"]:
+            print(
+                f"{r['target']:18} streams open {r['streams_open']}/{r['streams_requested']}"
+                f"  RSS idle {r['rss_idle_mb']} MB, peak {r['rss_peak_mb']} MB  failed={r['failed']}"
+            )
+    out["loadavg_after"] = os.getloadavg()
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
