@@ -450,9 +450,14 @@ class PatternStore:
         """Sub-deadlines for a compound program from its best historical match.
 
         Fallback when nothing matches: a uniform split over max(revealed stages, expected_stages or
-        the median stored stage count or `default_stages`) stages.
+        the median stored stage count or `default_stages`) stages. Unlike `match`, a
+        `completed_stages` beyond the partial graph's stages is clamped rather than rejected: callers
+        that drop calls from their records should still get a deadline, not an error.
         """
         deadline = _check_deadline(deadline)
+        if completed_stages < 0:
+            raise ValueError(f"completed_stages: must be >= 0, got {completed_stages}")
+        completed_stages = min(completed_stages, partial.num_stages)
         self._decay_to(now)
         found = self.match(partial, completed_stages)
         if found is None:

@@ -175,6 +175,17 @@ def test_similarity_prefers_closer_attributes():
     assert plan.sub_deadlines[0] == pytest.approx(100 * near_phi0)
 
 
+def test_completed_stages_beyond_the_graph():
+    store = filled_store([chain(("llm", "m", 10), ("llm", "m", 10), ("llm", "m", 10))])
+    two = chain(("llm", "m", 10), ("llm", "m", 10))
+    with pytest.raises(ValueError, match="completed_stages"):
+        store.match(two, completed_stages=3)
+    with pytest.raises(ValueError, match="completed_stages"):
+        store.plan(two, completed_stages=-1, deadline=10.0, now=0.0)
+    plan = store.plan(two, completed_stages=3, deadline=10.0, now=0.0)  # clamped to 2
+    assert plan.source == "match" and plan.sub_deadlines[-1] == 10.0
+
+
 def test_empty_store_falls_back_to_uniform():
     store = PatternStore(now=0.0)
     g = chain(("llm", "m", 1), ("llm", "m", 1))
