@@ -192,21 +192,40 @@ def bench_patterns(args: argparse.Namespace) -> None:
             errs.append(abs((est[done] if done < est.size else 1.0) - true_phi[done]))
         print(f"| {label} | {statistics.median(times):.3f} | {np.percentile(times, 99):.3f} | "
               f"{np.mean(errs):.3f} | {misses} |")  # fmt: skip
-    plan_times = []
-    for partial, done, _ in partials:
-        t = time.perf_counter()
-        store.plan(partial, done, deadline=100.0, now=0.0, record_reuse=False)
-        plan_times.append((time.perf_counter() - t) * 1e3)
+    plan_rows, plan_err = [], {}
+    for k in (1, 8):
+        store = PatternStore(PatternConfig(top_k=k), now=0.0)
+        for g in history:
+            store.add(g, now=0.0)
+        times, errs = [], []
+        for partial, done, true in partials:
+            t = time.perf_counter()
+            plan = store.plan(partial, done, deadline=100.0, now=0.0, record_reuse=False)
+            times.append((time.perf_counter() - t) * 1e3)
+            true_phi = phi_from_stage_times(StageFeatures.of(true, store.config.cost).stage_time)
+            est = plan.phi[done] if done < plan.num_stages else 1.0
+            errs.append((done, abs(est - true_phi[done])))
+        plan_err[k] = errs
+        plan_rows.append(
+            f"| `plan()`, top_k={k} (match + sub-deadlines) | {statistics.median(times):.3f} | "
+            f"{np.percentile(times, 99):.3f} | {np.mean([e for _, e in errs]):.3f} | |"
+        )
+    print("\n".join(plan_rows))
     uniform_err = []
     med_stages = int(np.median([g.num_stages for g in history]))
     for _, done, true in partials:
         true_phi = phi_from_stage_times(StageFeatures.of(true, store.config.cost).stage_time)
-        uniform_err.append(abs((done + 1) / max(med_stages, done + 1) - true_phi[done]))
-    print(f"| `plan()` (match + sub-deadlines) | {statistics.median(plan_times):.3f} | "
-          f"{np.percentile(plan_times, 99):.3f} | | |")  # fmt: skip
+        uniform_err.append((done, abs((done + 1) / max(med_stages, done + 1) - true_phi[done])))
     print(f"\nphi(s) error of the no-history fallback (uniform over the median {med_stages} stages): "
-          f"{np.mean(uniform_err):.3f}; K-medoids clustering of 500 graphs: "
+          f"{np.mean([e for _, e in uniform_err]):.3f}; K-medoids clustering of 500 graphs: "
           f"{cluster_ms:.0f} ms\n")  # fmt: skip
+    print("phi(s) mean abs error by stages already completed:\n")
+    print("| completed stages | queries | best match (paper) | top-8 blend | uniform fallback |")
+    print("|---|---|---|---|---|")
+    for label, lo, hi in (("0", 0, 0), ("1", 1, 1), ("2", 2, 2), ("3-4", 3, 4), ("5+", 5, 99)):
+        cols = [[e for d, e in errs if lo <= d <= hi] for errs in (plan_err[1], plan_err[8], uniform_err)]
+        print(f"| {label} | {len(cols[0])} | " + " | ".join(f"{np.mean(c):.3f}" for c in cols) + " |")
+    print()
 
 
 def main() -> None:

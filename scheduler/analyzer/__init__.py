@@ -25,6 +25,8 @@ from jitserve.scheduler.analyzer.patterns import (
     k_medoids,
     oracle_plan,
     phi_from_stage_times,
+    plan_from_phi,
+    plan_from_stage_times,
     uniform_plan,
 )
 
@@ -44,6 +46,8 @@ __all__ = [
     "k_medoids",
     "oracle_plan",
     "phi_from_stage_times",
+    "plan_from_phi",
+    "plan_from_stage_times",
     "slo_type_code",
     "training_rows",
     "uniform_plan",

@@ -135,6 +135,9 @@ class PatternConfig:
     index_min_graphs: int = 2_000  # below this a full vectorized scan is faster (bench)
     recluster_fraction: float = 0.25  # recluster after this share of the history was replaced
     default_stages: int = 3  # fallback stage count with no usable history
+    # phi from the best match (1, the paper) or the similarity-weighted mean of the k best
+    # (8 cut the phi error by ~20% on the synthetic programs; docs/benchmarks/analyzer.md)
+    top_k: int = 1
     seed: int = 0
     cost: LLMCostModel = field(default_factory=LLMCostModel)
 
@@ -152,6 +155,8 @@ class PatternConfig:
             raise ValueError("node_weight, edge_weight: must be >= 0 and not both 0")
         if self.clusters < 1 or self.probe_clusters < 1:
             raise ValueError("clusters, probe_clusters: must be >= 1")
+        if self.top_k < 1:
+            raise ValueError(f"top_k: must be >= 1, got {self.top_k}")
         if self.default_stages < 1:
             raise ValueError(f"default_stages: must be >= 1, got {self.default_stages}")
 
@@ -250,6 +255,24 @@ def plan_from_stage_times(
     return StagePlan(phi, sub, deadline, source, similarity, matched_slot)
 
 
+def plan_from_phi(
+    phi: npt.ArrayLike,
+    deadline: float,
+    source: Literal["match", "fallback", "oracle"],
+    similarity: float = 0.0,
+    matched_slot: int = -1,
+) -> StagePlan:
+    """A plan from accumulated shares (made monotone, clipped to [0, 1], last forced to 1)."""
+    deadline = _check_deadline(deadline)
+    phi = np.minimum(np.maximum.accumulate(np.clip(np.asarray(phi, dtype=np.float64), 0.0, 1.0)), 1.0)
+    if phi.size == 0:
+        phi = np.ones(1)
+    phi[-1] = 1.0
+    sub = phi * deadline
+    sub[-1] = deadline
+    return StagePlan(phi, sub, deadline, source, similarity, matched_slot)
+
+
 def uniform_plan(stages: int, deadline: float) -> StagePlan:
     """Fallback: equal stage shares (the paper's 'treat stages uniformly' baseline)."""
     if stages < 1:
@@ -271,6 +294,9 @@ class Match:
     similarity: float
     stage_time: FloatArray  # the matched graph's stage times
     candidates: int  # graphs that survived pruning
+    # the `top_k` best survivors, best first (slot and similarity are their first entries)
+    top_slots: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    top_similarities: FloatArray = field(default_factory=lambda: np.zeros(0))
 
 
 class PatternStore:
@@ -403,7 +429,12 @@ class PatternStore:
         return score, alive
 
     def _best(
-        self, slots: npt.NDArray[np.int64], feats: StageFeatures, sig: npt.NDArray[np.int64], done: int
+        self,
+        slots: npt.NDArray[np.int64],
+        feats: StageFeatures,
+        sig: npt.NDArray[np.int64],
+        done: int,
+        top_k: int = 1,
     ) -> Match | None:
         score, alive = self._scores(slots, feats, sig, done)
         if not np.any(alive):
@@ -411,32 +442,42 @@ class PatternStore:
         cand = slots[alive]
         cand_score = score[alive]
         # best similarity; ties go to the more reused, then the newer graph
-        best = np.lexsort((-self._added_seq[cand], -self._weight[cand], -cand_score))[0]
+        order = np.lexsort((-self._added_seq[cand], -self._weight[cand], -cand_score))[:top_k]
+        best = order[0]
         slot = int(cand[best])
         return Match(
             slot=slot,
             similarity=float(cand_score[best]),
             stage_time=self._time[slot, : self._n_stages[slot]].copy(),
             candidates=int(cand.size),
+            top_slots=cand[order],
+            top_similarities=cand_score[order],
         )
 
     def match(
-        self, partial: PatternGraph, completed_stages: int, exhaustive: bool | None = None
+        self,
+        partial: PatternGraph,
+        completed_stages: int,
+        exhaustive: bool | None = None,
+        top_k: int = 1,
     ) -> Match | None:
         """Best stored graph for a program whose first `completed_stages` stages finished.
 
         `partial` holds those stages plus, optionally, the stage in progress (its calls and input
         lengths are known, its outputs not yet). None if nothing survives pruning.
         `exhaustive`: scan all graphs (True), use the cluster index (False), or decide by history
-        size (None, see `index_min_graphs`).
+        size (None, see `index_min_graphs`). `top_k`: also return the k best survivors.
         """
+        if top_k < 1:
+            raise ValueError(f"top_k: must be >= 1, got {top_k}")
         feats, sig = self._query(partial, completed_stages)
         use_index = (len(self) >= self.config.index_min_graphs) if exhaustive is None else not exhaustive
         if use_index and self._medoids.size:
-            found = self._best(self._probe_slots(feats, sig, completed_stages), feats, sig, completed_stages)
+            probe = self._probe_slots(feats, sig, completed_stages)
+            found = self._best(probe, feats, sig, completed_stages, top_k)
             if found is not None:
                 return found
-        return self._best(np.flatnonzero(self._valid), feats, sig, completed_stages)
+        return self._best(np.flatnonzero(self._valid), feats, sig, completed_stages, top_k)
 
     def plan(
         self,
@@ -459,7 +500,8 @@ class PatternStore:
             raise ValueError(f"completed_stages: must be >= 0, got {completed_stages}")
         completed_stages = min(completed_stages, partial.num_stages)
         self._decay_to(now)
-        found = self.match(partial, completed_stages)
+        top_k = self.config.top_k
+        found = self.match(partial, completed_stages, top_k=top_k)
         if found is None:
             revealed = max(partial.num_stages, completed_stages + 1)
             if expected_stages is None:
@@ -468,7 +510,23 @@ class PatternStore:
             return uniform_plan(max(revealed, expected_stages), deadline)
         if record_reuse:
             self._weight[found.slot] += 1.0
-        return plan_from_stage_times(found.stage_time, deadline, "match", found.similarity, found.slot)
+        if top_k == 1:
+            return plan_from_stage_times(found.stage_time, deadline, "match", found.similarity, found.slot)
+        phi = self._blended_phi(found.top_slots, found.top_similarities)
+        return plan_from_phi(phi, deadline, "match", found.similarity, found.slot)
+
+    def _blended_phi(self, slots: npt.NDArray[np.int64], similarity: FloatArray) -> FloatArray:
+        """Similarity-weighted mean of the neighbours' phi, each padded with 1.0 past its end.
+
+        A mean of nondecreasing curves ending at 1 is nondecreasing and ends at 1.
+        """
+        length = int(self._n_stages[slots].max())
+        phis = np.ones((slots.size, length))
+        for row, slot in enumerate(slots):
+            n = int(self._n_stages[slot])
+            phis[row, :n] = phi_from_stage_times(self._time[slot, :n])
+        weights = similarity if similarity.sum() > 0 else np.ones(slots.size)
+        return np.average(phis, axis=0, weights=weights)
 
     # ------------------------------------------------------------------------------- K-medoids
     def _probe_slots(

@@ -16,6 +16,7 @@ from jitserve.scheduler.analyzer.patterns import (
     StageFeatures,
     k_medoids,
     oracle_plan,
+    phi_from_stage_times,
     plan_from_stage_times,
     uniform_plan,
 )
@@ -99,7 +100,7 @@ def test_sub_deadlines_are_monotone_and_end_at_the_deadline(times, deadline):
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), deadline=st.floats(1.0, 1e4), cut=st.floats(0, 1))
 def test_store_plans_are_monotone_and_end_at_the_deadline(history, seed, deadline, cut):
-    store = filled_store(history[:100])
+    store = filled_store(history[:100], top_k=1 + seed % 8)
     g = sample_program(
         ["chatbot", "deep_research", "agentic_codegen", "math_reasoning"][seed % 4],
         np.random.default_rng(seed),
@@ -184,6 +185,22 @@ def test_completed_stages_beyond_the_graph():
         store.plan(two, completed_stages=-1, deadline=10.0, now=0.0)
     plan = store.plan(two, completed_stages=3, deadline=10.0, now=0.0)  # clamped to 2
     assert plan.source == "match" and plan.sub_deadlines[-1] == 10.0
+
+
+def test_top_k_blends_the_neighbours_phi():
+    # two stored programs with the same first stage, phi(0) = 1/5 and 3/5 (equal similarity)
+    a = chain(("llm", "m", 100), ("tool", "t", 10.0))  # stage times 2.52 s, 10 s
+    b = chain(("llm", "m", 100), ("tool", "t", 10.0), ("tool", "u", 0.1))
+    store = filled_store([a, b], top_k=2)
+    query = chain(("llm", "m", 100))
+    plan = store.plan(query, 1, deadline=10.0, now=0.0)
+    phi_a = phi_from_stage_times([2.52, 10.0])
+    phi_b = phi_from_stage_times([2.52, 10.0, 0.1])
+    np.testing.assert_allclose(plan.phi, (np.r_[phi_a, 1.0] + phi_b) / 2)
+    assert plan.num_stages == 3 and plan.sub_deadlines[-1] == 10.0
+    assert np.all(np.diff(plan.phi) >= 0)
+    best_only = filled_store([a, b]).plan(query, 1, deadline=10.0, now=0.0)  # tie: the newer, b
+    np.testing.assert_allclose(best_only.phi, phi_b)
 
 
 def test_empty_store_falls_back_to_uniform():
