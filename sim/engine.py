@@ -137,6 +137,9 @@ class Engine:
     _frame_goodput: float = 0.0
     _frame_start: float = 0.0
     _v_token: float = 0.0
+    _speed: EngineSpeed | None = None
+    _kv_cache: int = -1  # KV tokens in use; -1 = recompute
+    _feats: np.ndarray = field(default_factory=lambda: np.zeros((0, 6), np.float64))
 
     def __post_init__(self) -> None:
         self._sync_capacity()
@@ -163,15 +166,22 @@ class Engine:
 
     @property
     def kv_used(self) -> int:
-        return self._kv_used(self._running)
+        if self._kv_cache < 0:
+            self._kv_cache = self._kv_used(self._running)
+        return self._kv_cache
 
     def speed(self) -> EngineSpeed:
-        return EngineSpeed(
-            step_time=self._v_token,
-            prefill_tokens_per_s=self._prefill_rate,
-            swap_bytes_per_s=self.profile.swap_bytes_per_s,
-            kv_bytes_per_token=self.profile.model.kv_bytes_per_token,
-        )
+        # Rebuilt only when v_token moved by more than 2%: EngineSpeed validates on construction.
+        cached = self._speed
+        if cached is None or abs(float(cached.step_time) - self._v_token) > 0.02 * self._v_token:
+            cached = EngineSpeed(
+                step_time=self._v_token,
+                prefill_tokens_per_s=self._prefill_rate,
+                swap_bytes_per_s=self.profile.swap_bytes_per_s,
+                kv_bytes_per_token=self.profile.model.kv_bytes_per_token,
+            )
+            self._speed = cached
+        return cached
 
     def add(self, req: NewRequest, info: CallInfo, now: float) -> None:
         if not self.busy:
@@ -184,6 +194,8 @@ class Engine:
         self._refreshed[slot] = 0
         self._first_token[slot] = np.nan
         self._true[slot] = info.true_len
+        if info.features:
+            self._feats[slot] = info.features
         self._seg_open[slot] = -1
         if self.table.slo_type[slot] == LATENCY:
             self._segs[slot] = []
@@ -208,6 +220,15 @@ class Engine:
         event_due = self._dirty and (not self._framed or has_room)
         if not (frame_due or event_due):
             return
+        if not frame_due and self._fits_all():
+            # Every active request fits in the batch: any policy's plan admits all of them (GMAX's
+            # work conservation included), so skip the planning and admit in arrival order.
+            waiting = self.table.active_slots()
+            waiting = waiting[~self.table.running[waiting]]
+            waiting = waiting[np.argsort(self.table.arrival[waiting], kind="stable")]
+            self._apply(FramePlan(waiting, waiting, waiting[:0], waiting[:0]), full=False, out=out)
+            self._dirty = False
+            return
         if frame_due and self._plan is not None:
             span = max(self.clock - self._frame_start, 1e-9)
             self.policy.end_frame(self.table, self._plan, self._frame_goodput / span)
@@ -221,6 +242,19 @@ class Engine:
             self._steps_in_frame = 0
             self._frame_goodput = 0.0
             self._frame_start = self.clock
+
+    def _reacts_to_arrivals(self) -> bool:
+        """Whether a request arriving mid-macro-step could change the next step: only if a batch
+        slot is free or the policy re-plans (and may preempt) on every event. A framed policy with
+        a full batch looks at arrivals only at its next frame boundary."""
+        if self._running.size < self.config.batch_size:
+            return True
+        return not self._framed and bool(getattr(self.policy, "preemptive", False))
+
+    def _fits_all(self) -> bool:
+        if len(self.table) > self.config.batch_size or self._budget_fn is not None:
+            return False
+        return not getattr(self.policy, "plans_every_event", False)
 
     def _apply(self, plan: FramePlan, full: bool, out: list[Finished]) -> None:
         for slot in plan.drop.tolist():
@@ -260,6 +294,7 @@ class Engine:
                 self._seg_open[slot] = self._nsteps  # decoding resumes with the next step
         if admitted:
             self._running = np.concatenate([self._running, np.asarray(admitted, dtype=np.int64)])
+            self._kv_cache = -1
 
     # ------------------------------------------------------------------------------ execution
     def _run_macro_step(self, t_limit: float, out: list[Finished]) -> None:
@@ -315,7 +350,7 @@ class Engine:
         dec_ctx0 = (self.table.computed[dec]).astype(np.float64)
         pre_off0 = self.table.computed[pre].astype(np.float64)
         dt0 = self.timing.step_time(dec_ctx0, chunks, pre_off0)
-        if math.isfinite(t_limit) and t_limit > self.clock:
+        if math.isfinite(t_limit) and t_limit > self.clock and self._reacts_to_arrivals():
             k = min(k, max(int(math.ceil((t_limit - self.clock) / max(dt0, 1e-9))), 1))
         per_step_growth = max(dec.size + int(chunks.sum()), 1)
         k = min(k, max(int((cfg.kv_capacity - self.kv_used) // per_step_growth), 1))
@@ -344,6 +379,7 @@ class Engine:
                 # the decoding run starts at this step; decodes then produce one token per step
                 self._seg_open[done_pre] = first_step + k - 1
         self.clock = end
+        self._kv_cache = -1
         self.stats.steps += k
         self.stats.busy_s += k * dt
         self._steps_in_frame += k
@@ -368,8 +404,7 @@ class Engine:
             return
         slots = run[due]
         g = gen[due]
-        feats = np.asarray([self._info[s].features for s in slots.tolist()], dtype=np.float64)
-        ub = np.asarray(self.bound_fn(feats, g), dtype=np.int64)
+        ub = np.asarray(self.bound_fn(self._feats[slots], g), dtype=np.int64)
         self.table.len_ub[slots] = np.minimum(np.maximum(ub, g + 1), self.table.max_tokens[slots])
         self._refreshed[slots] = g
 
@@ -438,6 +473,7 @@ class Engine:
             recompute_s = seq / self._prefill_rate
             mode = "swap" if 2 * self._swap_seconds(slot) < recompute_s else "recompute"
         computed = int(self.table.computed[slot])
+        self._kv_cache = -1
         self._close_segment(slot)
         self.table.running[slot] = False
         self._running = self._running[self._running != slot]
@@ -477,6 +513,7 @@ class Engine:
                 self._frame_goodput += float(self.table.w_in[slot] * self.table.input_len[slot] + gen)
         if self.table.running[slot]:
             self._running = self._running[self._running != slot]
+            self._kv_cache = -1
         self.table.remove(info.request_id)
         return rec
 
@@ -491,3 +528,4 @@ class Engine:
         self._first_token = np.concatenate([self._first_token, np.full(grow, np.nan)])
         self._true = np.concatenate([self._true, np.zeros(grow, np.int64)])
         self._seg_open = np.concatenate([self._seg_open, np.full(grow, -1, np.int64)])
+        self._feats = np.concatenate([self._feats, np.zeros((grow, 6), np.float64)])

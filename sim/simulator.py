@@ -112,6 +112,7 @@ class Cluster:
         self._subdeadline = subdeadlines or sub_deadline
         self.rng = np.random.default_rng(seed + 7919)
         self._rr = 0
+        self._states: dict[int, tuple[tuple[int, int, int], ReplicaState]] = {}
         self.engines: list[Engine] = []
         for i, setup in enumerate(self.setups):
             overrides = dict(setup.engine)
@@ -136,7 +137,7 @@ class Cluster:
         if n == 1 and not self.setups[0].router_admission:
             return 0
         if self.placement == "power-of-k":
-            states = [replica_state(e, now) for e in self.engines]
+            states = [self._state(i, now) for i in range(n)]
             params = getattr(self.setups[0].policy, "params", GMAXParams(batch_size=self.ctx.batch_size))
             p = place(req, states, now, params=params)
             if p.replica is None and self.setups[0].router_admission:
@@ -149,6 +150,16 @@ class Cluster:
             a, b = self.rng.choice(n, size=2, replace=False) if n > 1 else (0, 0)
             return int(a) if _load(self.engines[a]) <= _load(self.engines[b]) else int(b)
         return self._least_load()
+
+    def _state(self, i: int, now: float) -> ReplicaState:
+        """A replica's report, refreshed when it plans (a pod reports once per frame)."""
+        e = self.engines[i]
+        key = (e.stats.plans, e.running_count, e.waiting_count)
+        cached = self._states.get(i)
+        if cached is None or cached[0] != key:
+            cached = (key, replica_state(e, now))
+            self._states[i] = cached
+        return cached[1]
 
     def _least_load(self) -> int:
         loads = [_load(e) for e in self.engines]
