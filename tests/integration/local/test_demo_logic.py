@@ -1,0 +1,137 @@
+"""The demo's workload, SLOs and scoring, and `up`'s status line: pure logic, hand-computed answers.
+
+Scoring goes through jitserve.scheduler.goodput (the one implementation); these tests pin how the
+demo turns what the client saw into its records (arrival, token times, drops, programs).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from jitserve.local.demo import (
+    CLASSES,
+    Call,
+    CallResult,
+    Job,
+    JobResult,
+    format_table,
+    make_workload,
+    score,
+    slo_for,
+    slo_scale_for,
+    total,
+)
+from jitserve.local.up import format_status
+from jitserve.scheduler.slo import PAPER_CLASSES, resolve_request_slo
+
+
+def test_workload_is_seeded_and_mixed_one_to_one_to_one() -> None:
+    a = make_workload(rate=5.0, duration_s=60.0, seed=3)
+    assert a == make_workload(rate=5.0, duration_s=60.0, seed=3)  # both runs replay the same trace
+    assert a != make_workload(rate=5.0, duration_s=60.0, seed=4)
+    counts = [sum(j.slo_class == c for j in a) for c in CLASSES]
+    assert max(counts) - min(counts) <= 1  # classes rotate in shuffled triples
+    assert all(0 < j.arrival <= 60.0 for j in a)
+    assert [j.arrival for j in a] == sorted(j.arrival for j in a)
+    assert all(len(j.calls) in (2, 3) for j in a if j.slo_class == "compound")
+    assert all(len(j.calls) == 1 for j in a if j.slo_class != "compound")
+    # Poisson at 5/s for 60 s: 300 expected; 4 standard deviations either side.
+    assert 230 < len(a) < 370
+
+
+@pytest.mark.parametrize("slo_class", CLASSES)
+@pytest.mark.parametrize("stages", [1, 3])
+@pytest.mark.parametrize("scale", [1.0, 2.5])
+def test_demo_slo_is_what_the_router_resolves(slo_class: str, stages: int, scale: float) -> None:
+    """The SLO the demo scores with equals the router's resolution of the fields the demo sends."""
+    slo, fields = slo_for(slo_class, stages, scale)
+    name, resolved = resolve_request_slo({"slo_class": slo_class, **fields}, PAPER_CLASSES, None, stages)
+    assert name == slo_class
+    assert resolved == slo
+
+
+def test_slo_scale_keeps_the_paper_slos_on_a_fast_machine() -> None:
+    assert slo_scale_for(0.03) == 1.0
+    assert slo_scale_for(0.2) == pytest.approx(4.0)
+    slo, _ = slo_for("deadline", 1, 4.0)
+    assert slo.deadline == pytest.approx(80.0)  # the paper's 20 s, scaled
+    slo, _ = slo_for("compound", 2, 1.0)
+    assert slo.deadline == pytest.approx(40.0)  # 20 s per stage
+
+
+def _job(cls: str, max_tokens: list[int], prompt: str = "a b c d e f g h i j") -> Job:
+    return Job(0, cls, 0.0, tuple(Call(prompt, n) for n in max_tokens))
+
+
+def test_score_counts_on_time_tokens_deadlines_and_programs() -> None:
+    results = [
+        # latency, TTFT 2 s / TBT 0.1 s: tokens due at 2.0, 2.1, 2.2, 2.3 -> the first three are on time
+        JobResult(_job("latency", [4]), [CallResult(0.0, 10, [1.0, 1.05, 1.3, 5.0], 5.0)]),
+        # deadline 20 s: on time earns w_i*L_i + w_o*L_o = 10 + 5; late earns nothing
+        JobResult(_job("deadline", [5]), [CallResult(0.0, 10, [1.0] * 4 + [19.0], 19.0)]),
+        JobResult(_job("deadline", [5]), [CallResult(0.0, 10, [1.0] * 4 + [21.0], 21.0)]),
+        # compound, 2 stages -> 40 s for the program: all calls' tokens when the last ends in time
+        JobResult(
+            _job("compound", [2, 3]),
+            [CallResult(0.0, 4, [5.0, 10.0], 10.0), CallResult(10.0, 6, [20.0, 30.0, 39.0], 39.0)],
+        ),
+        # compound whose second call was dropped: nothing, and it counts as dropped
+        JobResult(
+            _job("compound", [2, 3]),
+            [CallResult(0.0, 4, [5.0, 10.0], 10.0), CallResult(10.0, dropped=True, reason="dropped")],
+        ),
+    ]
+    s = score(results, scale=1.0)
+    assert s["latency"].goodput == 3 and s["latency"].met == 0
+    assert s["deadline"].goodput == 15 and s["deadline"].met == 1 and s["deadline"].jobs == 2
+    assert s["compound"].goodput == (4 + 2) + (6 + 3) and s["compound"].met == 1
+    assert s["compound"].dropped == 1
+    t = total(s)
+    assert (t.jobs, t.met, t.goodput) == (5, 2, 3 + 15 + 15)
+    # The late deadline request meets a twice-as-loose SLO.
+    assert score(results, scale=2.0)["deadline"].met == 2
+
+
+def test_table_shows_the_ratio_per_class() -> None:
+    base = score([JobResult(_job("deadline", [5]), [CallResult(0.0, 10, [1.0] * 5, 1.0)])])
+    ours = score(
+        [
+            JobResult(_job("deadline", [5]), [CallResult(0.0, 10, [1.0] * 5, 1.0)]),
+            JobResult(_job("deadline", [5]), [CallResult(0.0, 10, [1.0] * 5, 1.0)]),
+        ]
+    )
+    table = format_table(("vllm", "jitserve"), (base, ours))
+    deadline_row = next(line for line in table.splitlines() if line.startswith("deadline"))
+    assert "2.00x" in deadline_row
+    latency_row = next(line for line in table.splitlines() if line.startswith("latency"))
+    assert latency_row.split()[4] == "-"  # class, jobs, base, ours, ratio: no goodput, no ratio
+
+
+def test_status_line_sums_the_router_classes_and_shows_each_pod() -> None:
+    router = {
+        "inflight": 4,
+        "classes": {
+            "latency": {
+                "finished_total": 6,
+                "dropped_total": 1,
+                "goodput_tokens_total": 300.0,
+                "attainment_total": 0.5,
+                "goodput": 2.0,
+            },
+            "deadline": {
+                "finished_total": 4,
+                "dropped_total": 2,
+                "goodput_tokens_total": 1200.0,
+                "attainment_total": 0.75,
+                "goodput": 10.0,
+            },
+        },
+    }
+    engines = [{"running": 3, "waiting": 1, "kv_usage": 0.5}, None]
+    line = format_status(router, engines)
+    assert "requests 10 done, 4 open" in line
+    assert "goodput 1,500 tok (12.0/s)" in line
+    assert "SLO met 6/10" in line
+    assert "drops 3" in line
+    assert "e0 3r/1w kv50%" in line and "e1 -" in line
+    assert format_status(None, []).startswith("router: no status")
