@@ -253,15 +253,10 @@ class Container:
         self.stopped.add(proc.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        # The group may outlive its leader (children that ignore SIGTERM): make sure it is gone.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        # The group may outlive its leader (vLLM's engine core and workers): make sure all of it is gone.
+        _kill_group(proc)
 
     def log_tail(self, lines: int = 30) -> str:
         return _tail(self.log_path, lines)
@@ -384,7 +379,7 @@ class EmulatedPodRunner:
         self._service_ips = iter(SERVICE_IP_RANGE)
         self._seq = itertools.count()
         # Every process ever started, with its container (pids and logs of gone pods, crashes).
-        self._started: list[tuple[Container, subprocess.Popen[bytes]]] = []
+        self._started: list[tuple[str, Container, subprocess.Popen[bytes]]] = []
         self.errors: list[str] = []  # loop failures, for a test to show when something never converges
 
     # ---- lifecycle -----------------------------------------------------------------------------------
@@ -410,9 +405,8 @@ class EmulatedPodRunner:
         for pod in pods:
             for c in pod.containers:
                 c.stop(grace=min(self.max_grace, 5.0))
-        for _, proc in self._started:  # belt and braces: no process group may outlive the runner
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        for _, _, proc in self._started:  # belt and braces: no process group may outlive the runner
+            _kill_group(proc)
         self._proxy.stop()
         self.api.close()
 
@@ -431,12 +425,12 @@ class EmulatedPodRunner:
     def started_pids(self) -> list[int]:
         """Every process this runner ever started (restarts included), running or not."""
         with self._lock:
-            return [proc.pid for _, proc in self._started]
+            return [proc.pid for _, _, proc in self._started]
 
     def logs_all(self, lines: int = 25) -> str:
         """The log tail of every container ever started here (to explain a failed wait)."""
         with self._lock:
-            containers = list(dict.fromkeys(c.log_path for c, _ in self._started))
+            containers = list(dict.fromkeys(c.log_path for _, c, _ in self._started))
         return "\n".join(f"--- {path}\n{_tail(path, lines)}" for path in containers)
 
     def resolve(self, url: str) -> str:
@@ -458,10 +452,8 @@ class EmulatedPodRunner:
             started = list(self._started)
         return [
             f"{c.log_path} exited {proc.returncode}:\n{c.log_tail()}"
-            for c, proc in started
-            if proc.poll() is not None
-            and proc.pid not in c.stopped
-            and (namespace is None or f"/{namespace}/" in str(c.log_path))
+            for ns, c, proc in started
+            if proc.poll() is not None and proc.pid not in c.stopped and namespace in (None, ns)
         ]
 
     def logs(self, namespace: str, deployment: str, lines: int = 30) -> str:
@@ -584,9 +576,9 @@ class EmulatedPodRunner:
             "spec": pod_spec,
         }
         obj = self.api.create(f"/api/v1/namespaces/{ns}/pods", body)
-        pod = EmulatedPod(
-            pod_name, ns, dep_name, thash, ip, obj, self.workdir / ns / pod_name, seq=next(self._seq)
-        )
+        seq = next(self._seq)
+        # A short directory: vLLM puts Unix sockets under TMPDIR, and their paths may not exceed 107 bytes.
+        pod = EmulatedPod(pod_name, ns, dep_name, thash, ip, obj, self.workdir / f"p{seq}", seq=seq)
         with self._lock:
             self._pods[(ns, pod_name)] = pod
         try:
@@ -603,13 +595,13 @@ class EmulatedPodRunner:
         assert c.proc is not None
         with self._lock:
             # A restart replaces c.proc: keep the record of every process (for started_pids, crashes).
-            self._started.append((c, c.proc))
+            self._started.append((pod.namespace, c, c.proc))
 
     def _prepare(self, pod: EmulatedPod, spec: dict[str, Any]) -> None:
         """Volumes, env and argv of every container (rewrites 1-5 of the module docstring)."""
         volumes: dict[str, Path] = {}
         for vol in spec.get("volumes") or []:
-            local = pod.dir / "volumes" / vol["name"]
+            local = pod.dir / "v" / vol["name"]
             if "emptyDir" in vol:
                 local.mkdir(parents=True, exist_ok=True)
             elif "configMap" in vol or "secret" in vol:
@@ -647,7 +639,7 @@ class EmulatedPodRunner:
                     env[var["name"]] = rewrite_paths(value, mounts)
             argv = local_argv(container_argv(spec_c), pod.ip)
             argv = [rewrite_paths(a, mounts) for a in argv]
-            log_path = pod.dir / "logs" / f"{spec_c['name']}.log"
+            log_path = pod.dir / "logs" / f"{pod.namespace}.{pod.name}.{spec_c['name']}.log"
             pod.containers.append(Container(spec_c, argv, env, log_path))
 
     def _env_value(self, pod: EmulatedPod, spec: dict[str, Any], var: dict[str, Any]) -> str | None:
@@ -839,6 +831,17 @@ class EmulatedPodRunner:
                 self._proxy.remove(ip, port)
 
 
+def _kill_group(proc: subprocess.Popen[bytes], bound: float = 30.0) -> None:
+    """SIGKILL a process group and return once none of it is left (the leader reaped, members gone)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=bound)
+    deadline = time.monotonic() + bound  # members are reaped by init: wait for that, with a bound
+    while time.monotonic() < deadline and list(iter_process_groups([proc.pid])):
+        time.sleep(0.05)
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGKILL it if the runner's thread dies (a test killed mid-run must
     not leave engines behind). Linux only; elsewhere the process-group cleanup in stop() remains."""
@@ -853,9 +856,33 @@ class _UnsupportedError(Exception):
     """Something in the pod spec this emulation does not run (reported on the Pod, never hidden)."""
 
 
+def _live_groups() -> set[int] | None:
+    """Process groups with at least one non-zombie member, from /proc (None where there is no /proc).
+    Zombies do not count: their parent may be a PID 1 that never reaps them, yet they run nothing."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    groups: set[int] = set()
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # the process ended while we looked
+        fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+        if fields[0] != "Z":
+            groups.add(int(fields[2]))
+    return groups
+
+
 def iter_process_groups(pids: list[int]) -> Iterator[int]:
-    """The pids whose process group still exists (for a test's "nothing left behind" check)."""
+    """The pids whose process group still has a live (non-zombie) member, for a "nothing left
+    behind" check."""
+    live = _live_groups()
     for pid in pids:
+        if live is not None:
+            if pid in live:
+                yield pid
+            continue
         try:
             os.killpg(pid, 0)
         except ProcessLookupError:
