@@ -69,8 +69,8 @@ async def _backend(port: int, tokens: int, interval: float) -> None:
                         writer.write(SSE_HEAD)
                         for _ in range(tokens):
                             writer.write(chunk(event))
-                            await writer.drain()
-                            if interval:
+                            if interval:  # slow streams: one event per interval
+                                await writer.drain()
                                 await asyncio.sleep(interval)
                         writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
                     else:
@@ -121,6 +121,17 @@ class Proc:
         p = psutil.Process(self.popen.pid)
         return sum(c.memory_info().rss for c in [p, *p.children(recursive=True)]) / 2**20
 
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process and its children so far."""
+        import psutil
+
+        p = psutil.Process(self.popen.pid)
+        total = 0.0
+        for proc in [p, *p.children(recursive=True)]:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        return total
+
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, signal.SIGTERM)
@@ -148,7 +159,7 @@ def spawn(name: str, cmd: list[str], port: int, log_dir: Path, health: str) -> P
     raise RuntimeError(f"{name} not ready; see {log_dir / (name + '.log')}")
 
 
-def start_backend(log_dir: Path, tokens: int, interval: float) -> Proc:
+def start_backend(log_dir: Path, tokens: int, interval: float, name: str = "backend") -> Proc:
     port = free_port()
     cmd = [
         sys.executable,
@@ -161,20 +172,21 @@ def start_backend(log_dir: Path, tokens: int, interval: float) -> Proc:
         "--interval",
         str(interval),
     ]
-    return spawn("backend", cmd, port, log_dir, "/health")
+    return spawn(name, cmd, port, log_dir, "/health")
 
 
-def start_jitserve(backend: Proc, log_dir: Path, extra: list[str]) -> Proc:
+def start_jitserve(backends: list[Proc], log_dir: Path, extra: list[str]) -> Proc:
     port = free_port()
-    cmd = [sys.executable, "-m", "jitserve.main", "router", "--engines", backend.url, "--port", str(port),
+    engines = ",".join(b.url for b in backends)
+    cmd = [sys.executable, "-m", "jitserve.main", "router", "--engines", engines, "--port", str(port),
            "--host", "127.0.0.1", "--log-level", "warning", *extra]  # fmt: skip
     p = spawn("jitserve-router", cmd, port, log_dir, "/readyz")
     return p
 
 
-def start_vllm_router(binary: str, backend: Proc, log_dir: Path) -> Proc:
+def start_vllm_router(binary: str, backends: list[Proc], log_dir: Path) -> Proc:
     port = free_port()
-    cmd = [binary, "--worker-urls", backend.url, "--port", str(port), "--host", "127.0.0.1",
+    cmd = [binary, "--worker-urls", *(b.url for b in backends), "--port", str(port), "--host", "127.0.0.1",
            "--policy", "power_of_two", "--log-level", "warning", "--health-check-endpoint", "/health",
            "--prometheus-port", str(free_port())]  # fmt: skip
     return spawn("vllm-router", cmd, port, log_dir, "/health")
@@ -205,48 +217,108 @@ class Result:
         }  # fmt: skip
 
 
-async def _one(client: Any, url: str, res: Result, body: bytes) -> None:
-    t0 = time.perf_counter()
-    try:
-        async with client.stream("POST", url + "/v1/completions", content=body,
-                                 headers={"content-type": "application/json"}) as resp:  # fmt: skip
-            if resp.status_code != 200:
-                await resp.aread()
-                res.errors[str(resp.status_code)] = res.errors.get(str(resp.status_code), 0) + 1
-                return
-            first = None
-            async for _ in resp.aiter_raw():
+class Conn:
+    """One keep-alive HTTP/1.1 connection of the load client (raw asyncio: a Python HTTP library
+    would add more per-chunk overhead than the routers being measured)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    async def stream(self, head: bytes, body: bytes) -> tuple[int, float | None]:
+        """Send one request; read the whole (chunked or sized) response. (status, first-chunk time)."""
+        self.writer.write(head + body)
+        await self.writer.drain()
+        r = self.reader
+        status_line = await r.readuntil(b"\r\n")
+        status = int(status_line.split(b" ", 2)[1])
+        headers = (await r.readuntil(b"\r\n\r\n")).lower()
+        first = None
+        if b"transfer-encoding: chunked" in headers:
+            while True:
+                size = int((await r.readuntil(b"\r\n")).strip().split(b";")[0], 16)
                 if first is None:
                     first = time.perf_counter()
-            end = time.perf_counter()
-        res.ok += 1
-        res.ttft.append((first or end) - t0)
-        res.e2e.append(end - t0)
+                await r.readexactly(size + 2)
+                if size == 0:
+                    break
+        else:
+            length = 0
+            for line in headers.split(b"\r\n"):
+                if line.startswith(b"content-length:"):
+                    length = int(line[15:])
+            await r.readexactly(length)
+            first = time.perf_counter()
+        if b"connection: close" in headers:
+            raise ConnectionResetError("server closed the connection")
+        return status, first
+
+
+class Client:
+    def __init__(self, url: str) -> None:
+        host, port = url.split("://", 1)[1].split(":")
+        self.host, self.port = host, int(port)
+        self.idle: list[Conn] = []
+
+    async def request(self, path: str, body: bytes) -> tuple[int, float | None]:
+        conn = self.idle.pop() if self.idle else Conn(*await asyncio.open_connection(self.host, self.port))
+        head = (
+            f"POST {path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        ).encode()
+        try:
+            result = await conn.stream(head, body)
+        except BaseException:
+            conn.writer.close()
+            raise
+        self.idle.append(conn)
+        return result
+
+    def close(self) -> None:
+        for c in self.idle:
+            c.writer.close()
+
+
+async def _one(client: Client, res: Result, body: bytes) -> None:
+    t0 = time.perf_counter()
+    try:
+        status, first = await client.request("/v1/completions", body)
+        end = time.perf_counter()
     except Exception as exc:  # counted, never fatal: a benchmark reports failures
         res.errors[type(exc).__name__] = res.errors.get(type(exc).__name__, 0) + 1
+        return
+    if status != 200:
+        res.errors[str(status)] = res.errors.get(str(status), 0) + 1
+        return
+    res.ok += 1
+    res.ttft.append((first or end) - t0)
+    res.e2e.append(end - t0)
 
 
 async def constant_rate(target: str, url: str, rate: float, duration: float, tokens: int) -> Result:
-    import httpx
-
-    body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": tokens, "stream": True,
-                       "slo_class": "best-effort"}).encode()  # fmt: skip
+    payload = {
+        "model": MODEL,
+        "prompt": "hello",
+        "max_tokens": tokens,
+        "stream": True,
+        "slo_class": "best-effort",
+    }
+    body = json.dumps(payload).encode()
     res = Result(target)
-    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-        # warm-up: open connections and JIT paths, not measured
-        await asyncio.gather(*(_one(client, url, Result("warm"), body) for _ in range(50)))
-        tasks = []
-        start = time.perf_counter()
-        n = int(rate * duration)
-        for i in range(n):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            res.sent += 1
-            tasks.append(asyncio.create_task(_one(client, url, res, body)))
-        await asyncio.gather(*tasks)
-        res.wall_s = time.perf_counter() - start
+    client = Client(url)
+    # warm-up: open connections and warm code paths, not measured
+    await asyncio.gather(*(_one(client, Result("warm"), body) for _ in range(50)))
+    tasks = []
+    start = time.perf_counter()
+    n = int(rate * duration)
+    for i in range(n):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        res.sent += 1
+        tasks.append(asyncio.create_task(_one(client, res, body)))
+    await asyncio.gather(*tasks)
+    res.wall_s = time.perf_counter() - start
+    client.close()
     return res
 
 
@@ -295,22 +367,28 @@ async def hold_streams(url: str, streams: int, proc: Proc, ramp_s: float) -> dic
 
 # ---------------------------------------------------------------------------------- commands
 def run_latency(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
-    backend = start_backend(log_dir, args.tokens, 0.0)
-    procs = [backend]
+    # Two backends: both routers choose between two workers (vllm-router's power_of_two needs two).
+    backends = [start_backend(log_dir, args.tokens, 0.0, f"backend-{i}") for i in range(2)]
+    procs = list(backends)
     try:
-        targets = [("direct", backend.url)]
-        jit = start_jitserve(backend, log_dir, args.router_arg or [])
+        targets = [("direct", backends[0].url)]
+        jit = start_jitserve(backends, log_dir, args.router_arg or [])
         procs.append(jit)
-        targets.append(("jitserve-router", jit.url))
+        targets.append((jit.name, jit.url))
         if args.vllm_router:
-            vr = start_vllm_router(args.vllm_router, backend, log_dir)
+            vr = start_vllm_router(args.vllm_router, backends, log_dir)
             procs.append(vr)
-            targets.append(("vllm-router", vr.url))
+            targets.append((vr.name, vr.url))
         results = {}
+        by_name = {p.name: p for p in procs}
         for name, url in targets:
-            results[name] = asyncio.run(
-                constant_rate(name, url, args.rate, args.duration, args.tokens)
-            ).summary()
+            proc = by_name.get(name)
+            cpu0 = proc.cpu_s() if proc else 0.0
+            res = asyncio.run(constant_rate(name, url, args.rate, args.duration, args.tokens))
+            results[name] = res.summary()
+            if proc is not None and res.sent:
+                # CPU per request is robust to a busy machine, unlike latency under CPU contention
+                results[name]["router_cpu_ms_per_request"] = (proc.cpu_s() - cpu0) * 1000 / (res.sent + 50)
         direct = results["direct"]
         for name, r in results.items():
             if name != "direct":
@@ -324,24 +402,25 @@ def run_latency(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
 
 def run_memory(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     # slow streams (one token per second) so every stream stays open while RSS is sampled
-    backend = start_backend(log_dir, 10_000, 1.0)
+    backends = [start_backend(log_dir, 10_000, 1.0, f"slow-backend-{i}") for i in range(2)]
     out = []
     try:
         jit = start_jitserve(
-            backend, log_dir, ["--max-inflight", str(args.streams + 100), *(args.router_arg or [])]
+            backends, log_dir, ["--max-inflight", str(args.streams + 100), *(args.router_arg or [])]
         )
         try:
             out.append(asyncio.run(hold_streams(jit.url, args.streams, jit, args.ramp)))
         finally:
             jit.stop()
         if args.vllm_router:
-            vr = start_vllm_router(args.vllm_router, backend, log_dir)
+            vr = start_vllm_router(args.vllm_router, backends, log_dir)
             try:
                 out.append(asyncio.run(hold_streams(vr.url, args.streams, vr, args.ramp)))
             finally:
                 vr.stop()
     finally:
-        backend.stop()
+        for b in backends:
+            b.stop()
     return {"streams": args.streams, "results": out}
 
 
@@ -353,6 +432,7 @@ def print_latency(res: dict[str, Any]) -> None:
         added = f"{r['added_ttft_p50_ms']:15.2f} {r['added_ttft_p99_ms']:7.2f}" if name != "direct" else ""
         print(f"{name:18} {r['ok']:>5}/{r['sent']:<5} {r['throughput_rps']:7.1f} {r['ttft_p50_ms']:9.2f}"
               f" {r['ttft_p99_ms']:8.2f} {r['e2e_p50_ms']:8.2f} {r['e2e_p99_ms']:8.2f} {added}"
+              + (f"  cpu/req={r['router_cpu_ms_per_request']:.2f} ms" if "router_cpu_ms_per_request" in r else "")
               + (f"  errors={r['errors']}" if r["errors"] else ""))  # fmt: skip
 
 
@@ -381,13 +461,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", default=None, help="write results here")
         p.add_argument("--log-dir", default="/tmp/bench-router-logs")
     args = parser.parse_args(argv)
-    if args.cmd == "backend":
-        try:
-            import uvloop
+    with contextlib.suppress(ImportError):  # the same fast event loop for backend and load client
+        import uvloop
 
-            uvloop.install()
-        except ImportError:
-            pass
+        uvloop.install()
+    if args.cmd == "backend":
         asyncio.run(_backend(args.port, args.tokens, args.interval))
         return 0
     log_dir = Path(args.log_dir)
