@@ -432,7 +432,7 @@ def print_latency(res: dict[str, Any]) -> None:
         added = f"{r['added_ttft_p50_ms']:15.2f} {r['added_ttft_p99_ms']:7.2f}" if name != "direct" else ""
         print(f"{name:18} {r['ok']:>5}/{r['sent']:<5} {r['throughput_rps']:7.1f} {r['ttft_p50_ms']:9.2f}"
               f" {r['ttft_p99_ms']:8.2f} {r['e2e_p50_ms']:8.2f} {r['e2e_p99_ms']:8.2f} {added}"
-              + (f"  cpu/req={r['router_cpu_ms_per_request']:.2f} ms" if "router_cpu_ms_per_request" in r else "")
+              + (f"  cpu/req={r.get('router_cpu_ms_per_request', 0):.2f} ms" if name != "direct" else "")
               + (f"  errors={r['errors']}" if r["errors"] else ""))  # fmt: skip
 
 
