@@ -319,10 +319,13 @@ class Stack:
         c = self.config
         if port_in_use(c.host, c.port):
             raise StackError(f"port {c.port} on {c.host} is in use; pick another with --port")
+        from jitserve.scheduler.engine.version import is_cpu_build
+
+        cpu = is_cpu_build()  # the same test `jitserve engine --device auto` makes
         ports = [free_port(c.host) for _ in range(c.engines)]
         self.engine_urls = [f"http://{c.host}:{p}" for p in ports]
         for i, p in enumerate(ports):
-            env = cpu_binding(i, c.engines) if c.bind_cpus else {}
+            env = cpu_binding(i, c.engines) if c.bind_cpus and cpu else {}
             comp = Component(f"engine-{i}", self.engine_command(i, p), c.log_dir / f"engine-{i}.log", env)
             comp.start()
             self.engines.append(comp)

@@ -190,3 +190,47 @@ def test_up_serves_openai_and_stops_clean_on_ctrl_c(up_stack: UpProcess, tmp_pat
         assert not _port_open(port), f"port {port} still accepts connections"
     # --model was given, so nothing was downloaded or converted into the cache.
     assert not (tmp_path / "cache" / "models").exists()
+
+
+@pytest.mark.timeout(300)
+def test_up_reports_an_engine_that_fails_to_start_and_leaves_nothing(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # vLLM rejects an unknown flag at once: the engine exits before it is ready.
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jitserve.main",
+            "up",
+            "--engines",
+            "1",
+            "--port",
+            str(_free_port()),
+            "--model",
+            str(tiny_model_dir),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--engine-arg=--no-such-vllm-flag",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    seen: set[int] = set()
+    while proc.poll() is None:  # record what it spawns, to check afterwards that all of it is gone
+        try:
+            seen |= {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
+    out = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 1, out
+    assert "engine-0 exited" in out and "no-such-vllm-flag" in out  # the engine's own log tail is shown
+    assert (tmp_path / "logs" / "engine-0.log").is_file()
+    assert seen, "the engine was never started"
+    assert not [
+        pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]
