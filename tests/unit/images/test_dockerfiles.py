@@ -188,10 +188,16 @@ def test_entrypoint_is_a_real_jitserve_subcommand(name: str) -> None:
     sub = argv[1]
     assert sub in SUBCOMMANDS
     assert sub == EXPECTED[name][0]
-    # The subcommand must parse with the image's default CMD (what `docker run IMAGE` runs).
-    cmd = _exec_form(final.last("CMD")) if final.last("CMD") else []
-    args, extra = build_parser().parse_known_args([sub, *cmd])
-    assert args.command == sub and not extra
+    parser = build_parser()
+    if final.last("CMD"):
+        # The subcommand must accept the image's default CMD (what `docker run IMAGE` runs).
+        args, extra = parser.parse_known_args([sub, *_exec_form(final.last("CMD"))])
+        assert args.command == sub and not extra
+    else:
+        # No default arguments (the operator passes them): the subcommand's own parser must build.
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args([sub, "--help"])
+        assert exited.value.code == 0
 
 
 def _healthcheck_port(args: str) -> int:
