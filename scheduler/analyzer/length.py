@@ -259,11 +259,16 @@ class LengthPredictor:
         max_tokens: npt.ArrayLike,
     ) -> None:
         """Record finished requests (vectorized); the oldest are overwritten beyond the cap."""
-        f = RequestFeatures.of(prompt_len, 0, slo_type_code, class_code, model_code, max_tokens)
         out = as_int_array("output_len", output_len, 1)
-        if out.size != f.prompt_len.size:
-            raise ValueError(f"output_len: length {out.size} does not match the other fields")
-        rows = np.column_stack((f.prompt_len, out, f.slo_type, f.class_code, f.model_code, f.max_tokens))
+        others = (prompt_len, slo_type_code, class_code, model_code, max_tokens)
+        n = max(out.size, *(np.size(x) for x in others))
+        if out.size not in (1, n):
+            raise ValueError(f"output_len: length {out.size} does not match the other fields ({n})")
+        # output_len rides in the `generated` slot only to share validation and broadcasting
+        f = RequestFeatures.of(prompt_len, out, slo_type_code, class_code, model_code, max_tokens)
+        rows = np.column_stack(
+            (f.prompt_len, f.generated, f.slo_type, f.class_code, f.model_code, f.max_tokens)
+        )
         cap = self.config.history_requests_cap
         with self._lock:
             rows = rows[-cap:]

@@ -22,17 +22,21 @@ survives pruning. Choices and fallbacks: docs/decisions/analyzer.md.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
+PATTERN_FORMAT_VERSION = 1
 
 
 class NodeKind(StrEnum):
@@ -464,13 +468,16 @@ class PatternStore:
         """Best stored graph for a program whose first `completed_stages` stages finished.
 
         `partial` holds those stages plus, optionally, the stage in progress (its calls and input
-        lengths are known, its outputs not yet). None if nothing survives pruning.
+        lengths are known, its outputs not yet). None if nothing survives pruning or nothing is
+        revealed yet.
         `exhaustive`: scan all graphs (True), use the cluster index (False), or decide by history
         size (None, see `index_min_graphs`). `top_k`: also return the k best survivors.
         """
         if top_k < 1:
             raise ValueError(f"top_k: must be >= 1, got {top_k}")
         feats, sig = self._query(partial, completed_stages)
+        if sig.size == 0:
+            return None  # nothing revealed yet: no evidence to match on
         use_index = (len(self) >= self.config.index_min_graphs) if exhaustive is None else not exhaustive
         if use_index and self._medoids.size:
             probe = self._probe_slots(feats, sig, completed_stages)
@@ -527,6 +534,53 @@ class PatternStore:
             phis[row, :n] = phi_from_stage_times(self._time[slot, :n])
         weights = similarity if similarity.sum() > 0 else np.ones(slots.size)
         return np.average(phis, axis=0, weights=weights)
+
+    # ------------------------------------------------------------------------------ persistence
+    _ARRAYS = ("_valid", "_n_stages", "_sig", "_out", "_tool", "_in", "_time", "_weight", "_added_seq")
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the history to `path` (.npz of arrays plus JSON metadata; atomic rename, no pickle)."""
+        path = Path(path)
+        vocab = sorted(self._signatures.items(), key=lambda item: item[1])
+        meta = {
+            "format": PATTERN_FORMAT_VERSION,
+            "config": asdict(self.config),
+            "seq": self._seq,
+            "signatures": [[list(pair) for pair in sig] for sig, _ in vocab],
+        }
+        arrays = {name.lstrip("_"): getattr(self, name) for name in self._ARRAYS}
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            np.savez_compressed(fh, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], now: float | None = None) -> PatternStore:
+        """Read a file written by `save` (allow_pickle=False).
+
+        Reuse weights are restored as saved; `now` is the clock they count from afterwards (the
+        saving process's clock means nothing here, so downtime does not decay them).
+        """
+        with np.load(Path(path), allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+            if meta.get("format") != PATTERN_FORMAT_VERSION:
+                raise ValueError(f"format: unsupported pattern store file version {meta.get('format')!r}")
+            raw = dict(meta["config"])
+            config = PatternConfig(**{**raw, "cost": LLMCostModel(**raw["cost"])})
+            store = cls(config, now=now)
+            for name in cls._ARRAYS:
+                saved = data[name.lstrip("_")]
+                current = getattr(store, name)
+                if saved.shape != current.shape:
+                    raise ValueError(f"{name.lstrip('_')}: shape {saved.shape} does not match the config")
+                current[...] = saved
+        store._seq = int(meta["seq"])
+        store._signatures = {
+            tuple((str(kind), str(identity)) for kind, identity in sig): code
+            for code, sig in enumerate(meta["signatures"])
+        }
+        store._added_since_clustering = len(store)  # the index, if used, is rebuilt on the next add
+        return store
 
     # ------------------------------------------------------------------------------- K-medoids
     def _probe_slots(

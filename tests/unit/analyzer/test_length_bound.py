@@ -212,8 +212,13 @@ def test_bad_input_names_the_field(field, kwargs):
 
 
 def test_mismatched_lengths_are_rejected():
+    p = LengthPredictor(TEST_CONFIG)
     with pytest.raises(ValueError, match="generated"):
-        LengthPredictor(TEST_CONFIG).upper_bounds([1, 2, 3], [0, 0], 1, 1, 0, 100)
+        p.upper_bounds([1, 2, 3], [0, 0], 1, 1, 0, 100)
+    with pytest.raises(ValueError, match="output_len"):
+        p.observe_many([1, 2, 3], [5, 6], 1, 1, 0, 100)
+    p.observe_many(10, [5, 6, 7], 1, 1, 0, 100)  # scalars broadcast
+    assert p.history()[:, 1].tolist() == [5, 6, 7]
 
 
 def test_config_validates_quantile():

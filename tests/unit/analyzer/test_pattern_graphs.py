@@ -204,6 +204,7 @@ def test_top_k_blends_the_neighbours_phi():
 
 
 def test_empty_store_falls_back_to_uniform():
+    assert filled_store([chain(("llm", "m", 1))]).match(PatternGraph(()), 0) is None  # nothing revealed
     store = PatternStore(now=0.0)
     g = chain(("llm", "m", 1), ("llm", "m", 1))
     plan = store.plan(g.prefix(1), 0, deadline=30.0, now=0.0)
@@ -255,6 +256,34 @@ def test_eviction_keeps_the_reused_graph():
         assert len(store) == 4
     found = store.match(keep, keep.num_stages)
     assert found is not None and found.similarity == pytest.approx(1.0)
+
+
+# -------------------------------------------------------------------------------- persistence
+def test_save_load_round_trip_matches_the_same(history, tmp_path):
+    store = PatternStore(PatternConfig(capacity=50, top_k=3), now=0.0)
+    for i, g in enumerate(history[:80]):  # wraps: evictions and decayed weights get saved too
+        store.add(g, now=60.0 * i)
+    path = tmp_path / "patterns.npz"
+    store.save(path)
+    loaded = PatternStore.load(path, now=0.0)
+    assert loaded.config == store.config and len(loaded) == len(store) == 50
+    np.testing.assert_allclose(loaded.weights(now=0.0), store.weights(now=60.0 * 79))
+    for g in history[80:120]:
+        done = g.num_stages // 2
+        a = store.plan(g.prefix(done + 1), done, 50.0, now=60.0 * 79, record_reuse=False)
+        b = loaded.plan(g.prefix(done + 1), done, 50.0, now=0.0, record_reuse=False)
+        np.testing.assert_array_equal(a.sub_deadlines, b.sub_deadlines)
+        assert (a.source, a.matched_slot) == (b.source, b.matched_slot)
+    loaded.add(history[120], now=1.0)  # interning continues consistently after a load
+    found = loaded.match(history[120], history[120].num_stages)
+    assert found is not None and found.similarity == pytest.approx(1.0)
+
+
+def test_load_rejects_other_formats(tmp_path):
+    path = tmp_path / "bad.npz"
+    np.savez(path, meta=np.array('{"format": 0}'))
+    with pytest.raises(ValueError, match="format"):
+        PatternStore.load(path)
 
 
 # ----------------------------------------------------------------------------------- K-medoids
