@@ -146,6 +146,10 @@ class Engine:
         self._v_token = self.timing.decode_step_time(max(self.config.batch_size // 4, 1), 1024.0)
         self._prefill_rate = self.timing.prefill_tokens_per_s(min(self.config.token_budget, 2048))
         self._framed = self.policy.frame_steps > 1
+        # The policy may run fewer sequences than the engine allows (GMAX's B < max_num_seqs).
+        params = getattr(self.policy, "params", None)
+        policy_batch = getattr(params, "batch_size", None) or getattr(self.policy, "batch_size", None)
+        self._policy_batch = min(int(policy_batch or self.config.batch_size), self.config.batch_size)
         budget_fn = getattr(self.policy, "token_budget", None)
         self._budget_fn: Callable[[RequestTable, float, EngineSpeed], int] | None = (
             budget_fn if callable(budget_fn) else None
@@ -216,7 +220,7 @@ class Engine:
     # ------------------------------------------------------------------------------ planning
     def _maybe_plan(self, out: list[Finished]) -> None:
         frame_due = self._framed and (self._plan is None or self._steps_in_frame >= self.policy.frame_steps)
-        has_room = self._running.size < self.config.batch_size
+        has_room = self._running.size < self._policy_batch
         event_due = self._dirty and (not self._framed or has_room)
         if not (frame_due or event_due):
             return
@@ -247,12 +251,12 @@ class Engine:
         """Whether a request arriving mid-macro-step could change the next step: only if a batch
         slot is free or the policy re-plans (and may preempt) on every event. A framed policy with
         a full batch looks at arrivals only at its next frame boundary."""
-        if self._running.size < self.config.batch_size:
+        if self._running.size < self._policy_batch:
             return True
         return not self._framed and bool(getattr(self.policy, "preemptive", False))
 
     def _fits_all(self) -> bool:
-        if len(self.table) > self.config.batch_size or self._budget_fn is not None:
+        if len(self.table) > self._policy_batch or self._budget_fn is not None:
             return False
         return not getattr(self.policy, "plans_every_event", False)
 

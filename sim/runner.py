@@ -11,6 +11,7 @@ from jitserve.sim.metrics import Report, report
 from jitserve.sim.predictor import ConditionalBounds, LengthBounds, QRFBounds, qrf_available
 from jitserve.sim.profiles import Profile, load_profile
 from jitserve.sim.simulator import call_features, simulate
+from jitserve.sim.subdeadlines import SubDeadlines
 from jitserve.sim.workload import Program, WorkloadSpec, generate
 
 
@@ -45,6 +46,22 @@ def make_bounds(spec: WorkloadSpec, cfg: RunConfig, seed: int) -> LengthBounds:
     return qrf
 
 
+def make_subdeadlines(spec: WorkloadSpec, cfg: RunConfig, seed: int, profile: Profile) -> SubDeadlines:
+    """Pattern graphs from the warm-up slice (or the uniform stand-in without the analyzer)."""
+    from jitserve.sim.profiles import BatchTimeModel
+
+    timing = BatchTimeModel.from_profile(profile)
+    sub = SubDeadlines(spec, timing.decode_step_time(max(profile.max_num_seqs // 4, 1), 1024.0),
+                       timing.prefill_tokens_per_s(2048))
+    if cfg.predictor == "conditional" or spec.warmup_requests == 0:
+        return sub
+    try:
+        sub.train(_warmup_programs(spec, seed), seed=seed)
+    except ImportError:  # the analyzer is not installed: keep the stand-in
+        pass
+    return sub
+
+
 def _warmup_programs(spec: WorkloadSpec, seed: int) -> list[Program]:
     rate = max(spec.warmup_requests / spec.duration_s, 1e-3)
     return generate(spec, rate=rate, replicas=1, seed=seed + 1_000_003)[: spec.warmup_requests]
@@ -70,6 +87,7 @@ def compare(
     programs = generate(spec, rate=cfg.rate_per_replica, replicas=replicas, seed=seed, duration_s=duration)
     profile = resolve_profile(spec, cfg)
     bounds = bounds or make_bounds(spec, cfg, seed)
+    subdeadlines = make_subdeadlines(spec, cfg, seed, profile)
     results: dict[str, Report] = {}
     for name in policies:
         fresh = generate(spec, rate=cfg.rate_per_replica, replicas=replicas, seed=seed, duration_s=duration)
@@ -86,6 +104,7 @@ def compare(
             seed=seed,
             drain_s=cfg.drain_s,
             progress=progress,
+            subdeadlines=subdeadlines,
         )
         results[name] = report(outcome)
     return results

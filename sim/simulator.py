@@ -232,6 +232,7 @@ def simulate(
     drain_s: float = 600.0,
     progress: Callable[[float], None] | None = None,
     engine_overrides: dict[str, object] | None = None,
+    subdeadlines: Callable[[Program, int, str, float, float], float] | None = None,
 ) -> SimOutcome:
     """Run one policy over the programs; returns the raw outcome."""
     import time as _time
@@ -247,6 +248,7 @@ def simulate(
         placement,
         seed,
         engine_overrides,
+        subdeadlines,
     )
     deadline_mode = cluster.setups[0].deadlines
     states = [ProgramState(p) for p in programs]
