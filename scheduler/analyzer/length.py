@@ -362,8 +362,13 @@ class LengthPredictor:
             refresh_tokens=self.config.refresh_tokens,
         )
         grid = table.grid(_split_key(uniq))
-        pred = forest.predict(grid, quantiles=self.config.quantile)  # type: ignore[attr-defined]
-        table.bounds[:] = np.ceil(np.asarray(pred, dtype=np.float64) - 1e-9).astype(np.int64)
+        # Cells that land in the same leaf of every tree get the same quantile: predict each distinct
+        # leaf vector once (about 40% of the cells on the synthetic workload; exact, not approximate).
+        leaves = np.ascontiguousarray(forest.apply(grid))  # type: ignore[attr-defined]
+        rows = leaves.view(np.dtype((np.void, leaves.dtype.itemsize * leaves.shape[1]))).ravel()
+        _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+        pred = forest.predict(grid[first], quantiles=self.config.quantile)  # type: ignore[attr-defined]
+        table.bounds[:] = np.ceil(np.asarray(pred, dtype=np.float64) - 1e-9).astype(np.int64)[inverse.ravel()]
         return table
 
     # ----------------------------------------------------------------------------------- queries
