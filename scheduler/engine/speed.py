@@ -18,6 +18,7 @@ class SpeedMeter:
     step_time: float = 0.05  # prior until measured (the GMAX default)
     prefill_tokens_per_s: float = 4000.0
     alpha: float = 0.1  # weight of a new sample
+    min_prefill_tokens: int = 64  # smaller prefills do not sample the rate
     decode_samples: int = 0
     prefill_samples: int = 0
     _prefill_tokens: float = 0.0
@@ -31,6 +32,10 @@ class SpeedMeter:
             a = self.alpha if self.decode_samples else 1.0
             self.step_time = (1 - a) * self.step_time + a * seconds
             self.decode_samples += 1
+            return
+        if prefill_tokens < self.min_prefill_tokens:
+            # Admitting a request has a fixed cost (setup, sampling) that tiny prompts would book as
+            # prompt work, making the rate look 10-100x too slow; only sizeable chunks measure it.
             return
         # Prompt work: the time beyond a decode step, floored so one noisy step cannot claim an
         # absurd rate; tokens and seconds are averaged separately (a ratio of sums, not of ratios).
