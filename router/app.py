@@ -127,7 +127,7 @@ def create_app(router: Router, background: list[Callable[[], Awaitable[None]]] |
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await router.client.aclose()
+            await router.aclose()
 
     app = FastAPI(
         title="JITServe router",

@@ -105,7 +105,10 @@ class Pool:
         while True:
             started = self.clock()
             await self.poll_once(client)
-            await asyncio.sleep(max(self.poll_interval_s - (self.clock() - started), 0.01))
+            # Never less than half an interval: when polls are slow (a starved CPU, slow pods), polling
+            # back to back would only add load where it hurts most.
+            elapsed = self.clock() - started
+            await asyncio.sleep(max(self.poll_interval_s - elapsed, self.poll_interval_s / 2))
 
     async def _poll(self, client: httpx.AsyncClient, r: Replica) -> None:
         was_usable = r.healthy and not r.down

@@ -1,8 +1,9 @@
 """One request through the router: parse, authenticate, resolve the SLO, admit, place, proxy, account.
 
 The decisions are the pure functions of inbound.py, admission.py, programs.py and outbound.py; this
-module is the adapter that runs them on the event loop and moves bytes with httpx. Streams are relayed
-chunk by chunk (never buffered whole); the first chunk is read before the response is committed, so a
+module is the adapter that runs them on the event loop and moves bytes with aiohttp (a tenth of httpx's
+CPU per proxied stream here, docs/decisions/router.md; the low-rate state polls use httpx). Streams are
+relayed chunk by chunk (never buffered whole); the first chunk is read before the response is committed, so a
 pod that fails before the first token is retried on another pod and a drop becomes a real HTTP error.
 """
 
@@ -22,6 +23,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
 import numpy as np
 from starlette.requests import Request
@@ -49,14 +51,8 @@ from jitserve.scheduler.slo import SLO, OverloadAction, SLOError, SLOType, resol
 log = logging.getLogger("jitserve.router")
 
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
-_RETRYABLE = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.RemoteProtocolError,
-    httpx.ReadError,
-    httpx.WriteError,
-    httpx.PoolTimeout,
-)
+# Failures of the engine connection: before the first token they mean "try another pod".
+_RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 _STOP_REASON = re.compile(rb'"stop_reason":\s*"([^"]{0,300})"')
 _NO_RETRY = {"x-should-retry": "false"}  # tells the OpenAI SDK not to retry (the SLO is already lost)
 
@@ -104,7 +100,8 @@ class Router:
         self.lengths = LengthBounds(enabled=config.length_predictor)
         self.prefixes = PrefixIndex(config.prefix_cache_entries)
         self.rng = np.random.default_rng(config.seed)
-        self.client = client or make_client(config)
+        self.client = client or httpx.AsyncClient(timeout=config.connect_timeout_s)  # state polls
+        self._session: aiohttp.ClientSession | None = None  # the data path
         self.inflight = 0
         self.tenants: dict[str, int] = {}
         self._ids = itertools.count()
@@ -135,6 +132,17 @@ class Router:
         finally:
             if not handed_off:  # a stream releases its slot when it ends
                 self._release_slot()
+
+    def session(self) -> aiohttp.ClientSession:
+        """The engine connection pool, created on first use (aiohttp needs the running loop)."""
+        if self._session is None:
+            self._session = make_session(self.config)
+        return self._session
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     def _release_slot(self) -> None:
         self.inflight -= 1
@@ -328,9 +336,6 @@ class Router:
             "accept-encoding": "identity",
             "x-request-id": new.request_id,
         }
-        req = self.client.build_request(
-            "POST", replica.url + PATHS[inbound.kind], content=body, headers=headers
-        )
         self.pool.dispatched(replica)
         flight = Flight(
             new.request_id,
@@ -351,28 +356,35 @@ class Router:
                 self.pool.released(replica)
 
         try:
-            upstream = await self.client.send(req, stream=True)
+            upstream = await self.session().post(
+                replica.url + PATHS[inbound.kind], data=body, headers=headers
+            )
         except _RETRYABLE as exc:
             release()
             self.pool.connect_failed(replica)
             log.warning("pod %s failed before the first token: %r", replica.name, exc)
             return type(exc).__name__
-        if upstream.status_code >= 500:
-            await upstream.aclose()
+        if upstream.status >= 500:
+            upstream.close()
             release()
-            return f"http_{upstream.status_code}"
+            return f"http_{upstream.status}"
         out_headers = {
             "x-jitserve-pod": replica.name,
             "x-jitserve-slo-class": decision.slo_class,
             "x-jitserve-admission": decision.action.value,
             "x-request-id": new.request_id,
         }
-        if upstream.status_code != 200:
+        if upstream.status != 200:
             # The engine's own 4xx (its validation): pass it back as it is.
-            content = await upstream.aread()
-            await upstream.aclose()
+            try:
+                content = await upstream.read()
+            except _RETRYABLE as exc:
+                release()
+                return type(exc).__name__
+            finally:
+                upstream.release()
             release()
-            return Response(content, upstream.status_code, out_headers, upstream.headers.get("content-type"))
+            return Response(content, upstream.status, out_headers, upstream.headers.get("content-type"))
         self.metrics.pod_choice.labels(replica.name).inc()
         self.prefixes.served(inbound.prefix_key, replica.name)
         if not inbound.stream:
@@ -380,15 +392,15 @@ class Router:
         return await self._stream(upstream, flight, out_headers, release, replica)
 
     async def _unary(
-        self, upstream: httpx.Response, flight: Flight, headers: dict[str, str], release: Any
+        self, upstream: aiohttp.ClientResponse, flight: Flight, headers: dict[str, str], release: Any
     ) -> Response | str:
         try:
-            content = await upstream.aread()
+            content = await upstream.read()
         except _RETRYABLE as exc:
+            upstream.close()
             release()
             return type(exc).__name__
-        finally:
-            await upstream.aclose()
+        upstream.release()
         release()
         now = self.clock()
         finish_reason = None
@@ -413,13 +425,13 @@ class Router:
 
     async def _stream(
         self,
-        upstream: httpx.Response,
+        upstream: aiohttp.ClientResponse,
         flight: Flight,
         headers: dict[str, str],
         release: Any,
         replica: Replica,
     ) -> Response | str:
-        chunks = upstream.aiter_raw()
+        chunks = upstream.content.iter_any()
         first_timeout = (
             flight.slo.waiting_time
             + self.config.first_token_grace_s
@@ -435,24 +447,23 @@ class Router:
         try:
             first = await asyncio.wait_for(anext(chunks), timeout=first_timeout)
         except (StopAsyncIteration, *_RETRYABLE) as exc:
-            await upstream.aclose()
+            upstream.close()
             release()
             return type(exc).__name__
         except TimeoutError:
             # Not started within waiting_time (plus prefill and grace): closing the stream aborts it in
             # the engine, and the client learns why.
-            await upstream.aclose()
+            upstream.close()
             release()
             flight.dropped = True
             self._finish(flight, self.clock(), "waiting_time")
             return error_response(self._drop_error(flight), extra=_NO_RETRY)
-        if self._is_drop(first):
-            await upstream.aclose()
+        if self._is_drop(first) and not self._events_before_drop(first):
+            upstream.close()
             release()
             flight.dropped = True
             self._finish(flight, self.clock(), "waiting_time")
             return error_response(self._drop_error(flight, first), extra=_NO_RETRY)
-        self._tokens(flight, first)
         state = {"reason": "client_disconnect", "closed": False}
 
         async def close() -> None:
@@ -460,7 +471,12 @@ class Router:
             if state["closed"]:
                 return
             state["closed"] = True
-            await upstream.aclose()
+            # A finished stream returns its connection to the pool; any other end closes it, which
+            # makes the engine abort the request (no work for a client that is gone).
+            if state["reason"] is None:
+                upstream.release()
+            else:
+                upstream.close()
             release()
             if state["reason"] == "client_disconnect":
                 flight.dropped = True
@@ -479,26 +495,24 @@ class Router:
         self, first: bytes, chunks: AsyncIterator[bytes], flight: Flight, state: dict[str, Any], close: Any
     ) -> AsyncIterator[bytes]:
         try:
-            yield first
-            async for chunk in chunks:
+            chunk: bytes | None = first
+            while chunk is not None:
                 if self._is_drop(chunk):
                     flight.dropped = True
                     state["reason"] = "waiting_time"
                     # Events before the drop are the client's; the abort event and [DONE] become the error.
-                    kept = [
-                        e
-                        for e in chunk.split(b"\n\n")
-                        if e.strip() and not self._is_drop(e) and b"[DONE]" not in e
-                    ]
+                    kept = self._events_before_drop(chunk)
                     if kept:
-                        yield b"\n\n".join(kept) + b"\n\n"
+                        self._tokens(flight, kept)
+                        yield kept
                     yield self._drop_error(flight, chunk).sse_event() + b"data: [DONE]\n\n"
                     return
                 self._tokens(flight, chunk)
                 yield chunk
+                chunk = await anext(chunks, None)
             flight.finish = self.clock()
             state["reason"] = None
-        except (*_RETRYABLE, httpx.ReadTimeout) as exc:
+        except (*_RETRYABLE, TimeoutError) as exc:
             flight.dropped = True
             state["reason"] = "upstream_error"
             err = RouterError(
@@ -513,6 +527,11 @@ class Router:
             await close()
 
     # -- stream inspection ---------------------------------------------------------------------------
+    def _events_before_drop(self, chunk: bytes) -> bytes:
+        """The SSE events of `chunk` other than the drop (abort) event and [DONE]."""
+        kept = [e for e in chunk.split(b"\n\n") if e.strip() and not self._is_drop(e) and b"[DONE]" not in e]
+        return b"\n\n".join(kept) + b"\n\n" if kept else b""
+
     def _is_drop(self, chunk: bytes) -> bool:
         if b'"finish_reason":"' not in chunk and b'"finish_reason": "' not in chunk:
             return False
@@ -528,10 +547,14 @@ class Router:
             return
         now = self.clock()
         times = flight.token_times
+        tbt = self.metrics.tbt.labels(flight.slo_class)
         if times:
-            self.metrics.tbt.labels(flight.slo_class).observe(now - times[-1])
+            tbt.observe(now - times[-1])
         else:
             self.metrics.ttft.labels(flight.slo_class).observe(now - flight.arrival)
+        # Events that arrived in one read came together: their gaps are zero (one TBT per token).
+        for _ in range(events - 1):
+            tbt.observe(0.0)
         times.extend(itertools.repeat(now, events))
         if b'"usage":{' in chunk:
             self._usage_from_sse(flight, chunk)
@@ -646,12 +669,13 @@ class RelayResponse(StreamingResponse):
             await self._on_close()
 
 
-def make_client(config: RouterConfig) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(
-            config.read_timeout_s, connect=config.connect_timeout_s, pool=config.connect_timeout_s
-        ),
-        limits=httpx.Limits(max_connections=config.max_inflight + 64, max_keepalive_connections=512),
+def make_session(config: RouterConfig) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=config.max_inflight + 64, limit_per_host=0, keepalive_timeout=30)
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
+    )
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
     )
 
 
