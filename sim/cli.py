@@ -11,7 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-DEFAULT_POLICIES = "jitserve,jitserve-oracle,sarathi,vllm,vllm-priority,edf,sjf,ltr,autellix,tempo,slos-serve,qlm"
+DEFAULT_POLICIES = (
+    "jitserve,jitserve-oracle,sarathi,vllm,vllm-priority,edf,sjf,ltr,autellix,tempo,slos-serve,qlm"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,19 +27,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="seed (default: the workload's)")
     parser.add_argument("--profile", help="engine profile name or YAML (default: the workload's)")
     parser.add_argument(
-        "--placement", choices=("power-of-k", "round-robin", "least-load", "power-of-two"),
+        "--placement",
+        choices=("power-of-k", "round-robin", "least-load", "power-of-two"),
         help="placement across replicas for every policy (default: each policy's own)",
     )
-    parser.add_argument("--predictor", default="auto", choices=("auto", "qrf", "conditional"),
-                        help="length bounds: the analyzer's QRF or the conditional-quantile stand-in")
+    parser.add_argument(
+        "--predictor",
+        default="auto",
+        choices=("auto", "qrf", "conditional"),
+        help="length bounds: the analyzer's QRF or the conditional-quantile stand-in",
+    )
     parser.add_argument("--heterogeneity", type=float, help="override the profile's length-mix penalty h")
     parser.add_argument("--plots", type=Path, help="directory for PNG plots")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _table(reports: dict, rate: float) -> str:  # type: ignore[type-arg]
-    head = f"{'policy':<16}{'tok goodput/s':>14}{'req goodput/s':>14}{'lat':>6}{'ddl':>6}{'cmp':>6}" \
+    head = (
+        f"{'policy':<16}{'tok goodput/s':>14}{'req goodput/s':>14}{'lat':>6}{'ddl':>6}{'cmp':>6}"
         f"{'ttft p50':>9}{'tbt p50':>8}{'thr tok/s':>10}{'drops':>7}{'wall s':>7}"
+    )
     lines = [f"rate {rate:g} req/s per replica", head]
     for name, r in reports.items():
         att = r.attainment
@@ -62,20 +71,36 @@ def run(args: argparse.Namespace) -> int:
         print(f"jitserve sim: {exc}", file=sys.stderr)
         return 2
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    rates = [float(x) for x in args.rates.split(",")] if args.rates else [args.rate or spec.arrivals.rate_per_replica]
+    rates = (
+        [float(x) for x in args.rates.split(",")]
+        if args.rates
+        else [args.rate or spec.arrivals.rate_per_replica]
+    )
     base = RunConfig(
-        replicas=args.replicas, duration_s=args.duration, seed=args.seed, profile=args.profile,
-        placement=args.placement, predictor=args.predictor, heterogeneity=args.heterogeneity,
+        replicas=args.replicas,
+        duration_s=args.duration,
+        seed=args.seed,
+        profile=args.profile,
+        placement=args.placement,
+        predictor=args.predictor,
+        heterogeneity=args.heterogeneity,
     )
     duration = args.duration or spec.duration_s
     seed = spec.seed if args.seed is None else args.seed
     bounds = make_bounds(spec, base, seed)
     by_rate = {}
-    bar = tqdm(total=len(rates) * len(policies) * int(duration), unit="sim-s", disable=args.quiet, file=sys.stderr)
+    bar = tqdm(
+        total=len(rates) * len(policies) * int(duration), unit="sim-s", disable=args.quiet, file=sys.stderr
+    )
     for rate in rates:
         cfg = RunConfig(
-            rate_per_replica=rate, replicas=base.replicas, duration_s=base.duration_s, seed=base.seed,
-            profile=base.profile, placement=base.placement, predictor=base.predictor,
+            rate_per_replica=rate,
+            replicas=base.replicas,
+            duration_s=base.duration_s,
+            seed=base.seed,
+            profile=base.profile,
+            placement=base.placement,
+            predictor=base.predictor,
             heterogeneity=base.heterogeneity,
         )
         done: dict[str, float] = {}

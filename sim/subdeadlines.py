@@ -49,8 +49,9 @@ class SubDeadlines:
             done = s < with_outputs
             for c in program.stages[s].calls:
                 nodes.append(
-                    PatternNode.llm(s, name, c.input_len, c.output_len if done else 0,
-                                    float(times[s]) if done else None)
+                    PatternNode.llm(
+                        s, name, c.input_len, c.output_len if done else 0, float(times[s]) if done else None
+                    )
                 )
         return PatternGraph(tuple(nodes))
 

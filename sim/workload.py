@@ -81,8 +81,9 @@ class IntRange(BaseModel):
 
 class CompoundShape(BaseModel):
     """A program: `stages` LLM stages; the first stage has `first_fanout` parallel calls, the last
-    one call, every stage in between `fanout`; a tool call of `tool_time_s` seconds runs between consecutive stages. `input`
-    and `output` are program totals (sum over calls), split across calls with Dirichlet shares."""
+    one call, every stage in between `fanout`; a tool call of `tool_time_s` seconds runs between
+    consecutive stages. `input` and `output` are program totals (sum over calls), split across calls
+    with Dirichlet shares."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -264,7 +265,9 @@ def _single_calls(app: Application, rho: float, rng: np.random.Generator, n: int
     prior_mu = mu + sigma * rho * z_in
     prior_sigma = sigma * math.sqrt(1 - rho * rho)
     outs = np.minimum(outs, app.max_tokens)
-    return [Call(int(i), int(o), float(pm), prior_sigma) for i, o, pm in zip(ins, outs, prior_mu, strict=True)]
+    return [
+        Call(int(i), int(o), float(pm), prior_sigma) for i, o, pm in zip(ins, outs, prior_mu, strict=True)
+    ]
 
 
 def _program_stages(app: Application, rho: float, rng: np.random.Generator) -> list[Stage]:
@@ -272,7 +275,9 @@ def _program_stages(app: Application, rho: float, rng: np.random.Generator) -> l
     assert shape is not None
     n_stages = int(rng.integers(shape.stages.min, shape.stages.max + 1))
     first = int(rng.integers(shape.first_fanout.min, shape.first_fanout.max + 1))
-    fan = [first] + [int(rng.integers(shape.fanout.min, shape.fanout.max + 1)) for _ in range(max(n_stages - 2, 0))]
+    fan = [first] + [
+        int(rng.integers(shape.fanout.min, shape.fanout.max + 1)) for _ in range(max(n_stages - 2, 0))
+    ]
     if n_stages > 1:
         fan.append(1)
     n_calls = sum(fan)

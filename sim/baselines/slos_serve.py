@@ -66,7 +66,9 @@ class SLOsServePolicy:
         new = [i for i, rid in enumerate(ids) if rid not in self._admitted and rid not in self._declined]
         if not new:
             return
-        keep = np.asarray([rid in self._admitted or table.running[s] for rid, s in zip(ids, slots, strict=True)])
+        keep = np.asarray(
+            [rid in self._admitted or table.running[s] for rid, s in zip(ids, slots, strict=True)]
+        )
         cand = np.flatnonzero(keep | np.isin(np.arange(slots.size), new))
         pddl, tpot = self._slo(table, slots[cand])
         order = cand[np.argsort(pddl, kind="stable")]

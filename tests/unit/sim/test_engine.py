@@ -13,14 +13,26 @@ from jitserve.sim.profiles import BatchTimeModel, load_profile
 
 
 def _engine(timing: BatchTimeModel, **cfg: object) -> Engine:
-    fields: dict[str, object] = {"batch_size": 4, "token_budget": 64, "chunked_prefill": True, "kv_capacity": 10_000}
+    fields: dict[str, object] = {
+        "batch_size": 4,
+        "token_budget": 64,
+        "chunked_prefill": True,
+        "kv_capacity": 10_000,
+    }
     fields.update(cfg)
-    return Engine("e", FCFSPolicy(batch_size=int(fields["batch_size"])), EngineConfig(**fields), timing,
-                  load_profile("llama-3.1-8b-a100"))
+    return Engine(
+        "e",
+        FCFSPolicy(batch_size=int(fields["batch_size"])),
+        EngineConfig(**fields),
+        timing,
+        load_profile("llama-3.1-8b-a100"),
+    )
 
 
 def _add(e: Engine, rid: str, input_len: int, output_len: int, now: float = 0.0) -> None:
-    req = NewRequest(rid, SLO.latency(ttft=2.0, tbt=0.1), now, input_len, max_tokens=1000, true_len=output_len)
+    req = NewRequest(
+        rid, SLO.latency(ttft=2.0, tbt=0.1), now, input_len, max_tokens=1000, true_len=output_len
+    )
     e.add(req, CallInfo(rid, output_len, payload=rid), now)
 
 

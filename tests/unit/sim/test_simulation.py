@@ -39,10 +39,19 @@ def test_same_seed_same_numbers(spec) -> None:  # type: ignore[no-untyped-def]
     b = compare(spec, ["jitserve", "ltr"], SMALL)
     strip = lambda rs: {k: {f: v for f, v in r.to_json().items() if f != "wall_s"} for k, r in rs.items()}  # noqa: E731
     assert json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
-    c = compare(spec, ["jitserve"], RunConfig(**{**SMALL.__dict__}) if False else
-                RunConfig(rate_per_replica=1.5, replicas=1, duration_s=40.0, predictor="conditional",
-                          drain_s=200.0, seed=99))
-    assert c["jitserve"].requests != a["jitserve"].requests or c["jitserve"].token_goodput != a["jitserve"].token_goodput
+    c = compare(
+        spec,
+        ["jitserve"],
+        RunConfig(**{**SMALL.__dict__})
+        if False
+        else RunConfig(
+            rate_per_replica=1.5, replicas=1, duration_s=40.0, predictor="conditional", drain_s=200.0, seed=99
+        ),
+    )
+    assert (
+        c["jitserve"].requests != a["jitserve"].requests
+        or c["jitserve"].token_goodput != a["jitserve"].token_goodput
+    )
 
 
 def test_report_goodput_is_the_cores_goodput(spec) -> None:  # type: ignore[no-untyped-def]
@@ -65,8 +74,15 @@ def test_report_goodput_is_the_cores_goodput(spec) -> None:  # type: ignore[no-u
 @pytest.mark.parametrize("placement", ["round-robin", "least-load", "power-of-two", "power-of-k"])
 def test_placements_spread_work_over_replicas(spec, placement: str) -> None:  # type: ignore[no-untyped-def]
     progs = generate(spec, rate=1.0, replicas=3, duration_s=20.0)
-    out = simulate(progs, "jitserve", load_profile("llama-3.1-8b-a100"), 3, ConditionalBounds(), 20.0,
-                   placement=placement)
+    out = simulate(
+        progs,
+        "jitserve",
+        load_profile("llama-3.1-8b-a100"),
+        3,
+        ConditionalBounds(),
+        20.0,
+        placement=placement,
+    )
     busy = [e.stats.decode_tokens for e in out.engines]
     assert sum(1 for b in busy if b > 0) >= 2
 

@@ -1,0 +1,120 @@
+"""Paper-mix comparison across request rates: JITServe's goodput ratio over every baseline.
+
+    python bench/sim.py --rates 1.5,2.5,3.5 --duration 600 --replicas 1 --out /tmp/simbench
+    python bench/sim.py --scale            # 10,000 requests over an hour on 16 replicas: wall time
+
+Writes `<out>/ratios.md` (the tables of docs/benchmarks/sim.md) and `<out>/sweep.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+BASELINES = [
+    "sarathi",
+    "vllm",
+    "vllm-priority",
+    "edf",
+    "sjf",
+    "ltr",
+    "autellix",
+    "tempo",
+    "slos-serve",
+    "qlm",
+]
+
+
+def ratios_markdown(by_rate: dict[float, dict[str, object]]) -> str:
+    lines = []
+    for metric in ("token_goodput", "request_goodput"):
+        lines.append(f"\n**JITServe {metric.replace('_', ' ')} / baseline's**\n")
+        names = [n for n in next(iter(by_rate.values())) if n != "jitserve"]
+        lines.append("| rate/replica | " + " | ".join(names) + " |")
+        lines.append("|---" * (len(names) + 1) + "|")
+        for rate, reports in sorted(by_rate.items()):
+            ours = getattr(reports["jitserve"], metric)
+            cells = []
+            for n in names:
+                theirs = getattr(reports[n], metric)
+                cells.append(f"{ours / theirs:.2f}" if theirs > 0 else "inf")
+            lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
+    lines.append("\n**Absolute numbers (token goodput/s, request goodput/s, total throughput tok/s)**\n")
+    names = list(next(iter(by_rate.values())))
+    lines.append("| rate | " + " | ".join(names) + " |")
+    lines.append("|---" * (len(names) + 1) + "|")
+    for rate, reports in sorted(by_rate.items()):
+        cells = [
+            f"{r.token_goodput:.0f} / {r.request_goodput:.2f} / {r.throughput_total_tokens_per_s:.0f}"  # type: ignore[attr-defined]
+            for r in reports.values()
+        ]
+        lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def scale_run() -> int:
+    from jitserve.sim.runner import RunConfig, compare
+    from jitserve.sim.workload import load_workload
+
+    spec = load_workload("paper-mix")
+    rate = 10_000 / 3600 / 16
+    for policy in ("jitserve", "sarathi"):
+        t0, c0 = time.perf_counter(), time.process_time()
+        rep = compare(
+            spec,
+            [policy],
+            RunConfig(rate_per_replica=rate, replicas=16, duration_s=3600, predictor="conditional"),
+        )[policy]
+        print(
+            f"{policy}: {rep.requests} requests, 16 replicas, 3600 s simulated: "
+            f"wall {time.perf_counter() - t0:.1f} s, cpu {time.process_time() - c0:.1f} s, "
+            f"token goodput {rep.token_goodput:.0f}/s",
+            flush=True,
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rates", default="1.5,2.5,3.5")
+    parser.add_argument("--duration", type=float, default=600.0)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--policies", default=",".join(["jitserve", "jitserve-oracle", *BASELINES]))
+    parser.add_argument("--predictor", default="auto")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/simbench"))
+    parser.add_argument("--scale", action="store_true", help="only the 10k-request / 16-replica timing run")
+    args = parser.parse_args(argv)
+    if args.scale:
+        return scale_run()
+    from jitserve.sim.runner import RunConfig, compare, make_bounds
+    from jitserve.sim.workload import load_workload
+
+    spec = load_workload("paper-mix")
+    policies = args.policies.split(",")
+    base = RunConfig(replicas=args.replicas, duration_s=args.duration, predictor=args.predictor)
+    bounds = make_bounds(spec, base, spec.seed)
+    by_rate = {}
+    for rate in [float(r) for r in args.rates.split(",")]:
+        cfg = RunConfig(
+            rate_per_replica=rate, replicas=args.replicas, duration_s=args.duration, predictor=args.predictor
+        )
+        by_rate[rate] = compare(spec, policies, cfg, bounds=bounds)
+        print(f"rate {rate:g} done", file=sys.stderr, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ratios.md").write_text(ratios_markdown(by_rate))
+    (args.out / "sweep.json").write_text(
+        json.dumps(
+            {str(r): {n: rep.to_json() for n, rep in reps.items()} for r, reps in by_rate.items()}, indent=1
+        )
+    )
+    print(ratios_markdown(by_rate))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
