@@ -1,0 +1,255 @@
+"""The engine's vLLM-free parts: xargs, classes file, speed meter, goodput window, CLI, HTTP, metrics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jitserve.scheduler.engine.accounting import GoodputWindow
+from jitserve.scheduler.engine.classes import ClassSource
+from jitserve.scheduler.engine.http import JITServeStateMiddleware
+from jitserve.scheduler.engine.runner import FULL, LIGHT, FrameRunner, RunnerConfig
+from jitserve.scheduler.engine.speed import SpeedMeter
+from jitserve.scheduler.engine.state import EngineState, prometheus_text, read_state, write_atomic
+from jitserve.scheduler.engine.xargs import XARGS_KEYS, parse_xargs
+from jitserve.scheduler.engine_cli import ADAPTER_CLS, MIDDLEWARE, add_arguments, build_command
+from jitserve.scheduler.goodput import RequestRecord
+from jitserve.scheduler.slo import PAPER_CLASSES, SLO, SLOType
+
+# ------------------------------------------------------------------------------------------- xargs
+
+
+def test_xargs_resolve_classes_overrides_and_compound_fields() -> None:
+    info = parse_xargs(
+        {"slo_class": "compound", "stages": 3, "stage_deadline": 12.5, "program_id": "p1",
+         "program_goodput": 40, "tenant": "acme", "length_bound": 64},
+        PAPER_CLASSES, "best-effort", arrival=100.0,
+    )  # fmt: skip
+    assert info.error is None and info.slo.type is SLOType.COMPOUND
+    assert info.slo.deadline == 60.0  # per-stage class deadline x 3 stages
+    assert info.deadline_abs == 112.5 and info.program_id == "p1" and info.program_goodput == 40.0
+    assert (info.tenant, info.length_bound) == ("acme", 64)
+
+
+@pytest.mark.parametrize(
+    "xargs, field",
+    [
+        ({"deadline": -1}, "deadline"),
+        ({"target_tbt": 0.1}, "target_tbt"),
+        ({"slo_class": "gold"}, "slo_class"),
+        ({"stage_deadline": "soon"}, "stage_deadline"),
+        ({"length_bound": 2.5}, "length_bound"),
+        ({"stages": 0}, "stages"),
+    ],
+)
+def test_bad_xargs_fall_back_to_the_default_class(xargs: dict[str, Any], field: str) -> None:
+    info = parse_xargs(xargs, PAPER_CLASSES, "deadline", arrival=0.0)
+    assert info.slo_class == "deadline" and info.slo.type is SLOType.DEADLINE
+    assert info.error is not None and info.error.startswith(field)
+
+
+def test_xargs_keys_are_the_documented_set() -> None:
+    assert set(XARGS_KEYS) == {
+        "slo_class", "deadline", "target_ttft", "target_tbt", "waiting_time", "program_id", "stages",
+        "stage_deadline", "program_goodput", "tenant", "length_bound",
+    }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------- classes
+
+
+def test_classes_file_reloads_on_change_and_keeps_last_good(tmp_path: Path) -> None:
+    path = tmp_path / "classes.json"
+    path.write_text(json.dumps({"a": {"type": "deadline", "deadlineSeconds": 5}}))
+    src = ClassSource(str(path), default_flag="a")
+    assert set(src.snapshot.classes) == {"a"} and src.snapshot.default == "a" and src.snapshot.version == 1
+    assert src.poll() is False  # unchanged: no reload
+    path.write_text(
+        json.dumps({"a": {"type": "deadline", "deadlineSeconds": 5}, "b": {"type": "best-effort"}})
+    )
+    os.utime(path, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    assert src.poll() is True and set(src.snapshot.classes) == {"a", "b"} and src.snapshot.version == 2
+    path.write_text('{"a": {"type": "latency"}}')  # invalid: latency needs ttft
+    os.utime(path, ns=(time.time_ns() + 2 * 10**9, time.time_ns() + 2 * 10**9))
+    assert src.poll() is False and "class 'a'" in (src.last_error or "")
+    assert set(src.snapshot.classes) == {"a", "b"}  # last good kept
+
+
+def test_classes_file_in_configmap_shapes(tmp_path: Path) -> None:
+    # the operator's ConfigMap mounted as files: classes.json plus a sibling `default`
+    (tmp_path / "classes.json").write_text(json.dumps({"x": {"type": "best-effort"}, "y": {"type": "deadline",
+                                                       "deadlineSeconds": 3}}))  # fmt: skip
+    (tmp_path / "default").write_text("y\n")
+    assert ClassSource(str(tmp_path / "classes.json"), default_flag="x").snapshot.default == "y"
+    data = tmp_path / "data.json"  # the ConfigMap's data object as one JSON file
+    data.write_text(json.dumps({"classes.json": json.dumps({"z": {"type": "best-effort"}}), "default": "z"}))
+    snap = ClassSource(str(data)).snapshot
+    assert set(snap.classes) == {"z"} and snap.default == "z"
+    with pytest.raises(ValueError, match="default class 'nope'"):
+        ClassSource(str(_write(tmp_path, "nope")))
+
+
+def _write(tmp_path: Path, default: str) -> Path:
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"classes.json": {"z": {"type": "best-effort"}}, "default": default}))
+    return p
+
+
+# ------------------------------------------------------------------------------- speed and goodput
+
+
+def test_speed_meter_separates_decode_and_prefill() -> None:
+    m = SpeedMeter()
+    for _ in range(50):
+        m.observe(0.040, decode_seqs=4, prefill_tokens=0)
+    assert m.step_time == pytest.approx(0.040)
+    for _ in range(50):
+        m.observe(0.040 + 512 / 2000, decode_seqs=4, prefill_tokens=512)  # 512 prompt tokens at 2000/s
+    assert m.prefill_tokens_per_s == pytest.approx(2000, rel=1e-6)
+    m.observe(0.5, decode_seqs=4, prefill_tokens=3)  # a tiny prompt: admission overhead, not a rate sample
+    assert m.prefill_tokens_per_s == pytest.approx(2000, rel=1e-6)
+
+
+def test_goodput_window_per_class() -> None:
+    w = GoodputWindow(window_s=10)
+    slo = SLO.deadline_slo(deadline=5)
+    w.record("d", RequestRecord(slo=slo, arrival=0, input_len=10, token_times=[1, 2], finish=2), now=2)
+    w.record("d", RequestRecord(slo=slo, arrival=0, input_len=10, token_times=[9], finish=9), now=9)  # late
+    w.record("d", RequestRecord(slo=slo, arrival=0, input_len=10, dropped=True), now=9)
+    s = w.summary(now=9)["d"]
+    assert (s.finished, s.attainment, s.goodput_tokens_per_s) == (3, pytest.approx(1 / 3), 1.2)
+    assert w.totals["d"].dropped == 1 and w.totals["d"].goodput_tokens == 12
+    assert w.summary(now=30)["d"].finished == 0  # out of the window, still in the totals
+
+
+def test_runner_plans_full_frames_and_light_replans_without_preemption(tmp_path: Path) -> None:
+    r = FrameRunner(RunnerConfig(policy="jitserve", frame_steps=3, batch_size=1, use_analyzer=False))
+    assert r.step_kind() == FULL  # the first step plans
+    r.plan(time.time(), FULL)
+    assert [r.step_kind() for _ in range(3)] == [None, None, FULL]  # then every frame_steps steps
+    r.plan(time.time(), FULL)
+    r.admit("a", {"deadline": 10}, arrival=time.time(), input_len=5, max_tokens=8)
+    assert r.step_kind() == LIGHT
+    plan = r.plan(time.time(), LIGHT)
+    assert plan.preempt.size == 0 and r.table.ids(plan.order) == ["a"]
+    assert r.step_kind() is None
+
+
+# ------------------------------------------------------------------------------------ CLI and HTTP
+
+
+def cli_args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_engine_command_line() -> None:
+    args = cli_args(
+        "--model", "/m", "--port", "9000", "--policy", "edf", "--frame-steps", "20", "--device", "cpu",
+        "--runtime-dir", "/run/x",
+    )  # fmt: skip
+    cmd, env = build_command(args, ["--", "--max-model-len", "512"])
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    joined = " ".join(cmd)
+    assert f"--scheduler-cls {ADAPTER_CLS}" in joined and f"--middleware {MIDDLEWARE}" in joined
+    assert "--scheduling-policy fcfs" in joined and "--dtype float32" in joined and "--enforce-eager" in cmd
+    assert cmd[-2:] == ["--max-model-len", "512"] and "--" not in cmd
+    assert env["JITSERVE_POLICY"] == "edf" and env["JITSERVE_FRAME_STEPS"] == "20"
+    assert env["JITSERVE_RUNTIME_DIR"] == "/run/x"
+    stock, stock_env = build_command(
+        cli_args("--model", "/m", "--policy", "vllm-priority", "--device", "gpu"), []
+    )
+    assert "--scheduler-cls" not in stock and "--scheduling-policy" in stock and stock_env == {}
+    assert stock[stock.index("--scheduling-policy") + 1] == "priority" and "--dtype" not in stock
+    with pytest.raises(ValueError, match="frame-steps"):
+        build_command(cli_args("--model", "/m", "--frame-steps", "0"), [])
+
+
+def test_cli_help_does_not_import_vllm() -> None:
+    code = "import sys, jitserve.main as m; m.build_parser(); print('vllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def _state(**kw: Any) -> EngineState:
+    base: dict[str, Any] = dict(
+        pod="p", model="m", step_time_s=0.05, prefill_tokens_per_s=1000, batch_size=4, running=2,
+        waiting=3, committed_bandwidth=1.5, residual_capacity=2.5, admission_priority=3.0, queue_delay_s=0.7,
+        kv_usage=0.4, cutoff=0.95, frames=7, updated_at=time.time(), policy="jitserve", frame_steps=50,
+    )  # fmt: skip
+    base.update(kw)
+    return EngineState(**base)
+
+
+def asgi_get(
+    app: Any, path: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> tuple[int, dict, bytes]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "headers": headers or []}
+    asyncio.run(app(scope, receive, send))
+    start = sent[0]
+    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_middleware_serves_state_schema_and_metrics(tmp_path: Path) -> None:
+    async def vllm_app(scope: Any, receive: Any, send: Any) -> None:  # stands in for vLLM's FastAPI app
+        body = gzip.compress(b"vllm:num_requests_running 2.0\n") if scope["path"] == "/metrics" else b"{}"
+        headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+        if scope["path"] == "/metrics":
+            headers.append((b"content-encoding", b"gzip"))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    app = JITServeStateMiddleware(vllm_app, runtime_dir=str(tmp_path))
+    assert asgi_get(app, "/jitserve/state")[0] == 503  # nothing written yet
+    write_atomic(str(tmp_path / "state.json"), _state().model_dump_json())
+    status, _, body = asgi_get(app, "/jitserve/state")
+    assert status == 200 and json.loads(body)["queue_delay_s"] == 0.7
+    assert "admission_priority" in json.loads(asgi_get(app, "/jitserve/state/schema")[2])["properties"]
+    status, headers, body = asgi_get(app, "/metrics")
+    text = body.decode()
+    assert "vllm:num_requests_running 2.0" in text and "jitserve_engine_waiting_requests 3.0" in text
+    assert int(headers[b"content-length"]) == len(body) and b"content-encoding" not in headers
+    assert asgi_get(app, "/v1/models")[2] == b"{}"  # everything else passes through
+
+
+def test_prometheus_text_names_and_labels() -> None:
+    from jitserve.scheduler.engine.state import ClassTotalsModel
+    from jitserve.scheduler.placement import ClassGoodput
+
+    st = _state(
+        goodput={"gold": ClassGoodput(goodput_tokens_per_s=12.5, attainment=0.5, finished=2)},
+        totals={"gold": ClassTotalsModel(finished=2, met=1, goodput_tokens=100)},
+        dropped_total=4,
+    )
+    text = prometheus_text(st, now=st.updated_at + 2).decode()
+    assert 'jitserve_engine_goodput_tokens_per_second{slo_class="gold"} 12.5' in text
+    assert 'jitserve_engine_finished_requests_total{slo_class="gold"} 2.0' in text
+    assert "jitserve_engine_dropped_requests_total 4.0" in text
+    assert "jitserve_engine_state_age_seconds 2.0" in text
+    assert "jitserve_engine_up 0.0" in prometheus_text(None, now=0).decode()
+
+
+def test_state_file_round_trip(tmp_path: Path) -> None:
+    assert read_state(str(tmp_path)) is None
+    write_atomic(str(tmp_path / "state.json"), _state(running=1).model_dump_json())
+    st = read_state(str(tmp_path))
+    assert st is not None and st.running == 1 and not list(tmp_path.glob(".state-*"))
