@@ -208,7 +208,7 @@ class ServingPoolStatus(_Model):
     defaultClass: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
     classes: list[ClassStatus] = Field(default_factory=list, description="per-class goodput, attainment")
-    classesUpdated: str | None = Field(None, description="when the router last reported")
+    classesUpdated: str | None = Field(None, description="when the router's report last changed")
     selector: str | None = Field(None, description="label selector of the engine pods (scale subresource)")
 
 

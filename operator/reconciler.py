@@ -42,12 +42,14 @@ class Reconciler:
         router_status_url: str = DEFAULT_ROUTER_STATUS_URL,
         http_get: Callable[[str], Any] | None = None,
         clock: Callable[[], str] = utcnow,
+        on_result: Callable[[str, str, bool, Result], None] | None = None,
     ) -> None:
         self.kube = kube
         self.images = images or Images()
         self.router_status_url = router_status_url
         self.http_get = http_get or _http_get_json
         self.clock = clock
+        self.on_result = on_result  # observers (tests, metrics): (namespace, name, read_router, result)
         # One reconcile per pool at a time: kopf may call us from several handlers concurrently.
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
@@ -64,7 +66,10 @@ class Reconciler:
             pool_obj = self.kube.get(api.API_VERSION, api.SERVINGPOOL_KIND, namespace, name)
             if pool_obj is None or (pool_obj.get("metadata") or {}).get("deletionTimestamp"):
                 return None
-            return self._reconcile(pool_obj, read_router)
+            result = self._reconcile(pool_obj, read_router)
+        if self.on_result is not None:
+            self.on_result(namespace, name, read_router, result)
+        return result
 
     def _reconcile(self, pool_obj: dict[str, Any], read_router: bool) -> Result:
         md = pool_obj["metadata"]
@@ -98,11 +103,14 @@ class Reconciler:
         previous = dict(pool_obj.get("status") or {})
         base = dict(previous)
         if read_router and plan.pool is not None:
-            base.update(self._router_report(plan))
+            report = self._router_report(plan)
+            # Write only when the numbers moved: a steady router costs no API writes at all.
+            if report and report["classes"] != previous.get("classes"):
+                base.update(report)
         status = pool_status(plan, observed, md.get("generation"), base, self.clock(), apply_error)
         result.status = status
         if _strip_unowned(previous) != status:
-            self.kube.patch_status(
+            self._patch_status(
                 api.API_VERSION, api.SERVINGPOOL_KIND, namespace, name, _with_nulls(previous, status)
             )
             result.status_written = True
@@ -111,6 +119,13 @@ class Reconciler:
                 "pool %s/%s: %s", namespace, name, ", ".join(f"{k} {v}" for k, v in result.changes.items())
             )
         return result
+
+    def _patch_status(self, api_version: str, kind: str, namespace: str, name: str, status: Any) -> None:
+        try:
+            self.kube.patch_status(api_version, kind, namespace, name, status)
+        except ApiError as exc:
+            if exc.status != 404:  # deleted meanwhile: nothing left to report on
+                raise
 
     def _router_report(self, plan: Plan) -> dict[str, Any]:
         """Per-class goodput from the router; {} (keep the old numbers) if it cannot be reached."""

@@ -232,6 +232,7 @@ def test_emulated_pods_follow_their_deployment(kubectl: Kubectl, api: Api, pods:
     )
     assert list(iter_process_groups(pids)) == []
     kubectl("delete", "service", "web", "-n", ns)
+    assert pods.errors == [], "the runner's loop failed (it must keep converging for a whole test)"
 
 
 # ---- helm + kubectl -> operator -> engines + router -> openai SDK ---------------------------------
@@ -349,6 +350,13 @@ def test_kubectl_apply_to_a_completion_and_back(
 
     # 4. The official SDK, through the router's Service, with an SLO class.
     base_url = pods.resolve(endpoint)
+    try:
+        models = httpx.get(f"{base_url}/models", timeout=30)
+    except httpx.HTTPError as exc:
+        raise AssertionError(
+            f"the router's Service did not answer: {exc!r}\n{pods.service_events()}"
+        ) from None
+    assert [m["id"] for m in models.json()["data"]] == ["tiny-llama"]
     client = OpenAI(base_url=base_url, api_key="unused", timeout=120, max_retries=0)
     reply = client.chat.completions.create(
         model="tiny-llama",
@@ -426,3 +434,4 @@ def test_kubectl_apply_to_a_completion_and_back(
     kubectl("delete", "--wait=false", "-f", "-", stdin=rendered)
     _wait(lambda: not pods.pods(OPERATOR_NS), 60, "the operator pod to stop", pods)
     assert list(iter_process_groups(pids)) == []
+    assert pods.errors == [], "the runner's loop failed (it must keep converging for a whole test)"

@@ -296,6 +296,7 @@ class ServiceForwarders:
         self.thread = threading.Thread(target=self.loop.run_forever, name="emulated-kube-proxy", daemon=True)
         self.servers: dict[tuple[str, int], asyncio.AbstractServer] = {}
         self.endpoints: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        self.events: list[str] = []  # refused or failed connections, to explain a client's error
         self._rr = itertools.count()
 
     def start(self) -> None:
@@ -321,12 +322,14 @@ class ServiceForwarders:
     ) -> None:
         endpoints = self.endpoints.get(key) or []
         if not endpoints:
+            self.events.append(f"{key[0]}:{key[1]}: no ready endpoint, connection refused")
             writer.close()  # no ready endpoint: the connection is refused, as with kube-proxy
             return
         host, port = endpoints[next(self._rr) % len(endpoints)]
         try:
             up_reader, up_writer = await asyncio.open_connection(host, port)
-        except OSError:
+        except OSError as exc:
+            self.events.append(f"{key[0]}:{key[1]} -> {host}:{port}: {exc!r}")
             writer.close()
             return
 
@@ -445,6 +448,11 @@ class EmulatedPodRunner:
             raise LookupError(f"no emulated Service {namespace}/{name} (from {url})")
         netloc = f"{ip}:{parts.port}" if parts.port else ip
         return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+    def service_events(self) -> list[str]:
+        """Connections the emulated kube-proxy refused or could not forward, and its endpoint table."""
+        table = [f"{ip}:{port} -> {eps}" for (ip, port), eps in sorted(self._proxy.endpoints.items())]
+        return list(self._proxy.events) + table + [f"runner error: {e}" for e in self.errors]
 
     def crashes(self, namespace: str | None = None) -> list[str]:
         """Processes that exited without this runner stopping them (none should, in a healthy test)."""
@@ -806,7 +814,9 @@ class EmulatedPodRunner:
                 continue
             seen.add((ns, name))
             with self._lock:
-                ip = self._services.setdefault((ns, name), next(self._service_ips))
+                if (ns, name) not in self._services:  # allocate once (setdefault would draw every loop)
+                    self._services[(ns, name)] = next(self._service_ips)
+                ip = self._services[(ns, name)]
                 ready = [p for p in self._pods.values() if p.namespace == ns and p.ready]
             ports: set[int] = set()
             for port in spec.get("ports") or []:
