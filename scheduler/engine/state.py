@@ -28,7 +28,7 @@ from jitserve.scheduler.placement import ReplicaState
 
 STATE_FILE = "state.json"
 HISTORY_FILE = "history.jsonl"
-ANALYZER_FILE = "analyzer.pkl"
+ANALYZER_FILE = "length_predictor.npz"
 
 
 class RequestDebug(BaseModel):
