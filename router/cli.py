@@ -403,5 +403,7 @@ def run(args: argparse.Namespace) -> int:
         loop=loop,
         http="httptools",
         timeout_graceful_shutdown=5,
+        # clients (and Service proxies) reuse connections; uvicorn's 5 s default races with them
+        timeout_keep_alive=75,
     )
     return 0

@@ -7,6 +7,8 @@ Names follow Prometheus conventions: `jitserve_router_` prefix, base units in th
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 # `_created` series double the exposition size and no dashboard here reads them.
@@ -17,7 +19,16 @@ _TBT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 class RouterMetrics:
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached: the lookup costs more than the update on the hot path."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def __init__(self) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "jitserve_router_requests_total",

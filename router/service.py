@@ -110,7 +110,7 @@ class Router:
     # -- entry point ---------------------------------------------------------------------------------
     async def handle(self, kind: Kind, request: Request) -> Response:
         if self.inflight >= self.config.max_inflight:
-            self.metrics.drops.labels("unknown", "router_overloaded").inc()
+            self.metrics.child(self.metrics.drops, "unknown", "router_overloaded").inc()
             return error_response(
                 rate_limited(
                     f"router is at its limit of {self.config.max_inflight} open requests; retry later",
@@ -127,7 +127,7 @@ class Router:
             return response
         except RouterError as err:
             if err.status in (400, 401, 404, 413):
-                self.metrics.bad_requests.labels(err.code or "invalid").inc()
+                self.metrics.child(self.metrics.bad_requests, err.code or "invalid").inc()
             return error_response(err)
         finally:
             if not handed_off:  # a stream releases its slot when it ends
@@ -155,7 +155,7 @@ class Router:
         inbound = parse_inbound(kind, parse_json_object(raw), request.headers)
         self._check_model(inbound.model)
         slo_class, slo, overload, per_stage = self._resolve(inbound)
-        self.metrics.requests.labels(kind, slo_class).inc()
+        self.metrics.child(self.metrics.requests, kind, slo_class).inc()
         plan = self._stage(inbound, slo_class, slo, arrival, per_stage)
         max_tokens = inbound.max_tokens or self.config.default_max_tokens
         request_id = request.headers.get("x-request-id") or f"jr-{uuid.uuid4().hex[:16]}"
@@ -263,7 +263,7 @@ class Router:
             )
             self.metrics.placement.observe(time.perf_counter() - t0)
             if attempts == 0:
-                self.metrics.admissions.labels(slo_class, decision.action.value).inc()
+                self.metrics.child(self.metrics.admissions, slo_class, decision.action.value).inc()
             if decision.action is Action.REJECT:
                 raise rate_limited(
                     f"no engine replica can meet this request's SLO (class {slo_class!r}): {decision.reason}",
@@ -277,9 +277,9 @@ class Router:
                 return result
             tried.add(replica.name)
             attempts += 1
-            self.metrics.retries.labels(result).inc()
+            self.metrics.child(self.metrics.retries, result).inc()
             if attempts > self.config.max_retries:
-                self.metrics.drops.labels(slo_class, "upstream_error").inc()
+                self.metrics.child(self.metrics.drops, slo_class, "upstream_error").inc()
                 raise unavailable(
                     f"engine pods failed before the first token ({attempts} tried; last: {result})",
                     "upstream_unavailable",
@@ -297,7 +297,9 @@ class Router:
                 return reps, states
             left = deadline - self.clock()
             if left <= 0 or tried:
-                self.metrics.drops.labels("unknown" if not tried else "retry", "no_replica").inc()
+                self.metrics.child(
+                    self.metrics.drops, "unknown" if not tried else "retry", "no_replica"
+                ).inc()
                 raise unavailable(
                     "no engine replica is available for model "
                     f"{inbound.model!r}"
@@ -385,7 +387,7 @@ class Router:
                 upstream.release()
             release()
             return Response(content, upstream.status, out_headers, upstream.headers.get("content-type"))
-        self.metrics.pod_choice.labels(replica.name).inc()
+        self.metrics.child(self.metrics.pod_choice, replica.name).inc()
         self.prefixes.served(inbound.prefix_key, replica.name)
         if not inbound.stream:
             return await self._unary(upstream, flight, out_headers, release)
@@ -547,11 +549,11 @@ class Router:
             return
         now = self.clock()
         times = flight.token_times
-        tbt = self.metrics.tbt.labels(flight.slo_class)
+        tbt = self.metrics.child(self.metrics.tbt, flight.slo_class)
         if times:
             tbt.observe(now - times[-1])
         else:
-            self.metrics.ttft.labels(flight.slo_class).observe(now - flight.arrival)
+            self.metrics.child(self.metrics.ttft, flight.slo_class).observe(now - flight.arrival)
         # Events that arrived in one read came together: their gaps are zero (one TBT per token).
         for _ in range(events - 1):
             tbt.observe(0.0)
@@ -583,7 +585,7 @@ class Router:
     # -- accounting ----------------------------------------------------------------------------------
     def _finish(self, flight: Flight, now: float, drop_reason: str | None) -> None:
         if drop_reason is not None:
-            self.metrics.drops.labels(flight.slo_class, drop_reason).inc()
+            self.metrics.child(self.metrics.drops, flight.slo_class, drop_reason).inc()
         input_len = flight.prompt_tokens if isinstance(flight.prompt_tokens, int) else flight.input_len
         record = RequestRecord(
             slo=flight.slo,
@@ -594,7 +596,7 @@ class Router:
             dropped=flight.dropped,
         )
         if flight.finish is not None:
-            self.metrics.e2el.labels(flight.slo_class).observe(flight.finish - flight.arrival)
+            self.metrics.child(self.metrics.e2el, flight.slo_class).observe(flight.finish - flight.arrival)
         if not flight.dropped:
             out_len = (
                 flight.completion_tokens if isinstance(flight.completion_tokens, int) else record.output_len
@@ -610,10 +612,10 @@ class Router:
         self._count(flight.slo_class, g)
 
     def _count(self, slo_class: str, g: Goodput) -> None:
-        self.metrics.finished.labels(slo_class).inc()
-        self.metrics.goodput.labels(slo_class).inc(g.tokens)
+        self.metrics.child(self.metrics.finished, slo_class).inc()
+        self.metrics.child(self.metrics.goodput, slo_class).inc(g.tokens)
         if g.met:
-            self.metrics.slo_met.labels(slo_class).inc()
+            self.metrics.child(self.metrics.slo_met, slo_class).inc()
 
     def _program_done(self, prog: Program, g: Goodput) -> None:
         records = [c.record for c in prog.calls]
