@@ -37,6 +37,8 @@ import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 PATTERN_FORMAT_VERSION = 1
+# Interned stage signatures kept before unused ones are dropped (identities are client-supplied).
+MAX_SIGNATURES = 10_000
 
 
 class NodeKind(StrEnum):
@@ -342,6 +344,8 @@ class PatternStore:
             return -1
         self._decay_to(now)
         feats = StageFeatures.of(graph, cfg.cost)
+        if len(self._signatures) + graph.num_stages > MAX_SIGNATURES:
+            self._compact_signatures()  # before interning: codes must not change mid-graph
         free = np.flatnonzero(~self._valid)
         if free.size:
             slot = int(free[0])
@@ -366,9 +370,8 @@ class PatternStore:
         self._cluster[slot] = -1
         self._added_since_clustering += 1
         # Keep the index fresh only where it is used: unclustered graphs are always scanned.
-        if len(self) >= cfg.index_min_graphs and self._added_since_clustering > cfg.recluster_fraction * len(
-            self
-        ):
+        stale = self._added_since_clustering > cfg.recluster_fraction * len(self)
+        if len(self) >= cfg.index_min_graphs and stale:
             self.recluster()
         return slot
 
@@ -377,6 +380,16 @@ class PatternStore:
         if code is None:
             code = self._signatures[signature] = len(self._signatures)
         return code
+
+    def _compact_signatures(self) -> None:
+        """Forget signatures no stored graph uses (identities come from clients: bound the memory)."""
+        in_use = np.unique(self._sig[self._valid])
+        in_use = in_use[in_use >= 0]
+        by_code = {code: sig for sig, code in self._signatures.items()}
+        remap = np.full(len(by_code), -1, dtype=np.int64)
+        remap[in_use] = np.arange(in_use.size)
+        self._sig = np.where(self._sig >= 0, remap[np.maximum(self._sig, 0)], -1)
+        self._signatures = {by_code[int(old)]: new for new, old in enumerate(in_use)}
 
     def _decay_to(self, now: float | None) -> None:
         now = time.monotonic() if now is None else float(now)

@@ -279,6 +279,21 @@ def test_save_load_round_trip_matches_the_same(history, tmp_path):
     assert found is not None and found.similarity == pytest.approx(1.0)
 
 
+def test_signature_vocabulary_stays_bounded(monkeypatch):
+    import jitserve.scheduler.analyzer.patterns as patterns
+
+    monkeypatch.setattr(patterns, "MAX_SIGNATURES", 12)
+    store = PatternStore(PatternConfig(capacity=3), now=0.0)
+    graphs = [chain(("llm", f"model-{i}", 100), ("tool", f"tool-{i}", 1.0)) for i in range(30)]
+    for g in graphs:
+        store.add(g, now=0.0)
+        assert len(store._signatures) <= 12
+    for g in graphs[-3:]:  # the stored graphs still match themselves after compactions
+        found = store.match(g, g.num_stages)
+        assert found is not None and found.similarity == pytest.approx(1.0)
+    assert store.match(graphs[0], 2) is None  # evicted, and its signatures forgotten
+
+
 def test_load_rejects_other_formats(tmp_path):
     path = tmp_path / "bad.npz"
     np.savez(path, meta=np.array('{"format": 0}'))
