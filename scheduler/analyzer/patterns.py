@@ -306,7 +306,11 @@ class Match:
 
 
 class PatternStore:
-    """Capped, decaying history of pattern graphs with vectorized prefix matching."""
+    """Capped, decaying history of pattern graphs with vectorized prefix matching.
+
+    Not thread-safe: call it from one thread (the router's event loop, the simulator's loop).
+    `now` arguments are seconds on the caller's clock (default: time.monotonic()).
+    """
 
     def __init__(self, config: PatternConfig | None = None, now: float | None = None) -> None:
         self.config = cfg = config or PatternConfig()
