@@ -11,17 +11,19 @@ import http.server
 import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT, Kubectl, wait_for
-from emulated import EmulatedCluster, EmulatedDeploymentController
 
 from jitserve.operator import api, runtime
 from jitserve.operator.reconciler import Reconciler
+from tests.emulated import EmulatedCluster, EmulatedDeploymentController, Kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CHILDREN = [
     ("v1", "ConfigMap", "classes"),

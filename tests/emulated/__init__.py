@@ -6,5 +6,13 @@ and emulated built-in controllers (controllers.py). Reused by the e2e tests and 
 from .apiserver import EmulatedApiServer
 from .cluster import EmulatedCluster, kubeconfig_env
 from .controllers import EmulatedDeploymentController
+from .kubectl import Kubectl, wait_for
 
-__all__ = ["EmulatedApiServer", "EmulatedCluster", "EmulatedDeploymentController", "kubeconfig_env"]
+__all__ = [
+    "EmulatedApiServer",
+    "EmulatedCluster",
+    "EmulatedDeploymentController",
+    "Kubectl",
+    "kubeconfig_env",
+    "wait_for",
+]

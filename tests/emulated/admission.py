@@ -119,11 +119,8 @@ def admit(obj: dict[str, Any], schema: Schema) -> Outcome:
     body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
     pruned = prune_and_default(body, schema, "", unknown)
     unknown = [u for u in unknown if u.split(".")[0] not in ("apiVersion", "kind", "metadata")]
-    result = {
-        "apiVersion": obj.get("apiVersion"),
-        "kind": obj.get("kind"),
-        "metadata": obj.get("metadata") or {},
-    }
+    result = {k: obj[k] for k in ("apiVersion", "kind") if obj.get(k) is not None}
+    result["metadata"] = obj.get("metadata") or {}
     result.update(pruned)
     errors = _openapi_errors(result, schema)
     _list_type_errors(result, schema, "", errors)

@@ -484,10 +484,13 @@ class EmulatedPodRunner:
             self._stop.wait(self.interval)
 
     def sync_once(self) -> None:
-        deployments = self.api.items("/apis/apps/v1/deployments")
+        # Pods first, then Deployments: a Deployment in the second list is at least as fresh as the
+        # pods, so a cascade deletion (the garbage collector removes both) never reads as "its pods
+        # are missing, start new ones".
         live_pods = {
             (p["metadata"]["namespace"], p["metadata"]["name"]): p for p in self.api.items("/api/v1/pods")
         }
+        deployments = self.api.items("/apis/apps/v1/deployments")
         wanted = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in deployments}
         with self._lock:
             # Pods deleted through the API, or whose Deployment is gone: stop them.
