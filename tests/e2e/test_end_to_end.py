@@ -426,7 +426,16 @@ def test_kubectl_apply_to_a_completion_and_back(
             found += [f"{path.rsplit('/', 1)[-1]}/{o['metadata']['name']}" for o in api.items(path)]
         return found + [p.name for p in pods.pods(POOL_NS)]
 
-    _wait(lambda: not leftovers(), 120, "every child of the pool to be gone", pods)
+    last: list[str] = []
+
+    def all_gone() -> bool:
+        last[:] = leftovers()
+        return not last
+
+    try:
+        _wait(all_gone, 120, "every child of the pool to be gone", pods)
+    except AssertionError as exc:
+        raise AssertionError(f"left behind: {last}\n{exc}") from None
     operator_pids = {c.proc.pid for p in pods.pods(OPERATOR_NS) for c in p.containers if c.proc is not None}
     assert list(iter_process_groups([p for p in pids if p not in operator_pids])) == []
 
