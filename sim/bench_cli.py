@@ -5,7 +5,7 @@ goodput code) through the local stack for each policy, then simulates exactly th
 `smollm2-135m-vllm-cpu` profile with the same number of engines and sequences per batch, and prints
 goodput and median latencies side by side with their relative gap (goal: within 15%).
 
-    jitserve bench [--policies vllm,jitserve] [--duration 60] [--engines 1] [--rate R] [--slo-scale S]
+    jitserve bench [--baseline vllm] [--policy jitserve] [--duration 60] [--engines 1] [--rate R]
 
 Policies map to the simulator as: vllm -> FCFS on vLLM v1 (chunked prefill, default budget),
 vllm-priority -> EDF priorities, jitserve -> GMAX with the engine's batch size.
@@ -29,7 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from jitserve.local import demo
 
     demo.add_arguments(parser)
-    parser.add_argument("--policies", default="vllm,jitserve", help="engine policies to run both ways")
     parser.add_argument("--json", dest="json_out", type=Path, help="write sim-vs-real numbers here")
 
 
@@ -110,28 +109,19 @@ def _gap(sim: float | None, real: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from jitserve.local import demo, models, up
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    names = (args.baseline, args.policy)
     stop = threading.Event()
     rows: dict[str, dict[str, Any]] = {}
     with up.stop_on_signals(stop):
         model = up.resolve_model(args.model, args.cache_dir)
         cache_dir = (args.cache_dir or models.default_cache_dir()).expanduser()
         log_dir = args.log_dir or cache_dir / "logs" / f"bench-{os.getpid()}"
-        plan = None
-        for k, policy in enumerate(policies):
-            port = args.port or up.free_port()
-            with demo._start(
-                demo._stack_config(args, model, policy, log_dir / policy, port), stop, policy
-            ) as stack:
-                plan = plan or demo.calibrate(args, stack.url, model.name, policy, stop)
-                trace = demo.run_trace(
-                    stack.url, model.name, plan.jobs, f"{policy}{k}", policy, plan.scale, stop
-                )
-                results = asyncio.run(trace)
-                stack.check_alive()
-            real = real_metrics(results, plan.scale)
-            sim = sim_metrics(plan.jobs, results, plan.scale, policy, args.engines, args.max_num_seqs)
-            rows[policy] = {"real": real, "sim": sim}
+        # the demo's sequential runner: baseline stack, then JITServe, one calibrated trace
+        plan, results = demo._run_sequential(args, model, names, log_dir, stop)
+    for policy, res in zip(names, results, strict=True):
+        real = real_metrics(res, plan.scale)
+        sim = sim_metrics(plan.jobs, res, plan.scale, policy, args.engines, args.max_num_seqs)
+        rows[policy] = {"real": real, "sim": sim}
     print(f"\n{'policy':<14}{'metric':<12}{'real':>10}{'sim':>10}{'gap':>8}")
     for policy, row in rows.items():
         for metric in ("goodput", "attainment", "ttft_p50", "e2el_p50"):
