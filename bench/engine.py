@@ -2,7 +2,9 @@
 
     .venv/bin/python bench/engine.py [--model PATH] [--reps 3] [--out docs/benchmarks/engine.md]
 
-One engine at a time (2 cores), every policy on the same seeded arrivals, each through `jitserve engine`:
+Every policy on the same seeded arrivals, each engine started through `jitserve engine`. At most two
+engines exist at once and only one serves load at a time (2 cores); repetitions alternate between them
+so drifting background load hits both alike:
 - jitserve:      `--policy jitserve` (GMAX in the adapter)
 - vllm:          `--policy vllm` (stock vLLM, FCFS; no JITServe scheduler)
 - vllm-priority: `--policy vllm-priority` (stock vLLM priority queue; each request's `priority` is its
@@ -248,35 +250,54 @@ def main(argv: list[str] | None = None) -> int:
     tput: dict[str, list[float]] = {}
     good: dict[str, list[dict[str, float]]] = {}
     calib: dict[str, float] = {}
+    engines: dict[str, Engine] = {}
 
-    # Calibrate on stock vLLM: saturation throughput and step time set the overload rate and SLOs.
-    order = ["vllm"] + [x for x in policies if x != "vllm"]
-    for policy in order:
-        eng = Engine(policy, model, args.port, args.batch, workdir)
+    def start(policy: str, port: int) -> Engine:
         print(f"[{policy}] starting engine ...", flush=True)
-        eng.start()
-        try:
-            asyncio.run(run_workload(eng, burst(8, 16, seed=99), stream=False))  # warm-up
-            if policy in ("vllm", "jitserve"):
-                for rep in range(args.reps):
-                    reqs = burst(args.burst, args.burst_tokens, seed=rep)
-                    t0 = asyncio.run(run_workload(eng, reqs, stream=False))
-                    tput.setdefault(policy, []).append(throughput_of(reqs, t0))
-                    print(
-                        f"[{policy}] saturation rep {rep}: {tput[policy][-1]:.1f} output tokens/s", flush=True
-                    )
-            if not calib:
-                sat = statistics.median(tput["vllm"])
-                mean_out = (32 + 160) / 2
-                calib = {"saturation_tokens_per_s": sat, "step_s": args.batch / sat,
-                         "rate": args.overload * sat / mean_out}  # fmt: skip
-                print(f"calibration: {calib}", flush=True)
+        eng = Engine(policy, model, port, args.batch, workdir).start()
+        engines[policy] = eng
+        asyncio.run(run_workload(eng, burst(8, 16, seed=99), stream=False))  # warm-up
+        return eng
+
+    def saturation(eng: Engine, rep: int) -> None:
+        reqs = burst(args.burst, args.burst_tokens, seed=rep)
+        t0 = asyncio.run(run_workload(eng, reqs, stream=False))
+        tput.setdefault(eng.policy, []).append(throughput_of(reqs, t0))
+        print(f"[{eng.policy}] saturation rep {rep}: {tput[eng.policy][-1]:.1f} output tokens/s", flush=True)
+
+    def overload(eng: Engine, rep: int) -> None:
+        reqs = mixed(args.requests, calib["rate"], calib["step_s"], seed=100 + rep)
+        asyncio.run(run_workload(eng, reqs, stream=True))
+        good.setdefault(eng.policy, []).append(goodput_of(reqs))
+        print(f"[{eng.policy}] overload rep {rep}: {good[eng.policy][-1]}", flush=True)
+
+    # At most two engines exist at once and only one serves load at a time. Repetitions alternate
+    # between the two, so drifting background load on a shared machine hits both policies alike.
+    try:
+        pair = [start("vllm", args.port)] + (
+            [start("jitserve", args.port + 1)] if "jitserve" in policies else []
+        )
+        for rep in range(args.reps):
+            for eng in pair:
+                saturation(eng, rep)
+        sat = statistics.median(tput["vllm"])
+        mean_out = (32 + 160) / 2
+        calib = {
+            "saturation_tokens_per_s": sat,
+            "step_s": args.batch / sat,
+            "rate": args.overload * sat / mean_out,
+        }
+        print(f"calibration (stock vLLM): {calib}", flush=True)
+        for rep in range(args.reps):
+            for eng in pair:
+                overload(eng, rep)
+        if "vllm-priority" in policies:
+            engines.pop("vllm").stop()
+            prio = start("vllm-priority", args.port + 2)
             for rep in range(args.reps):
-                reqs = mixed(args.requests, calib["rate"], calib["step_s"], seed=100 + rep)
-                asyncio.run(run_workload(eng, reqs, stream=True))
-                good.setdefault(policy, []).append(goodput_of(reqs))
-                print(f"[{policy}] overload rep {rep}: {good[policy][-1]}", flush=True)
-        finally:
+                overload(prio, rep)
+    finally:
+        for eng in engines.values():
             eng.stop()
 
     def med(policy: str, key: str) -> float:

@@ -41,6 +41,8 @@ from jitserve.scheduler.gmax import FramePlan
 
 log = logging.getLogger("jitserve.engine")
 
+# Busy engines publish their state at most this often (building it costs ~1 ms of the step loop).
+PUBLISH_EVERY_S = 0.25
 # Engine steps further apart than this are not one busy stretch (the engine idled in between).
 _MAX_STEP_GAP_S = 5.0
 
@@ -104,7 +106,7 @@ class JITServeScheduler(AsyncScheduler):
         if kind is not None:
             self._jit_sync()
             self._jit_apply(self.jit.plan(now, kind), preempt=kind == FULL)
-        self._jit_publish(now)  # throttled to 10/s: at least every frame, and while frames are long
+        self._jit_publish(now)  # throttled (PUBLISH_EVERY_S): about every frame, and while frames are long
         output = super().schedule(*args, **kwargs)
         for request in self.running:  # admitted now or before: waiting_time no longer applies
             self.jit.started(request.request_id)
@@ -220,7 +222,7 @@ class JITServeScheduler(AsyncScheduler):
             self._jit_last_update = None  # the next step starts a new busy stretch
 
     def _jit_publish(self, now: float, force: bool = False) -> None:
-        if self.jit_publisher is None or (not force and now - self._jit_last_publish < 0.1):
+        if self.jit_publisher is None or (not force and now - self._jit_last_publish < PUBLISH_EVERY_S):
             return
         self._jit_last_publish = now
         running, waiting = self.get_request_counts()

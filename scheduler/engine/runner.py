@@ -117,6 +117,10 @@ class LengthBounds:
         self.predictor = predictor or LengthPredictor(LengthPredictorConfig(n_jobs=1))
         self.class_codes: dict[str, int] = {}
         self._fitting = False
+        # Try a refit only every this many finished requests: starting a thread per request costs ms.
+        cfg = self.predictor.config
+        self.attempt_every = max(1, min(cfg.min_history_requests, cfg.refit_every_requests) // 4)
+        self._since_attempt = 0
 
     def code(self, slo_class: str) -> int:
         return self.class_codes.setdefault(slo_class, len(self.class_codes) % 65_536)
@@ -130,7 +134,9 @@ class LengthBounds:
         if output_len < 1:
             return
         self.predictor.observe(prompt_len, output_len, slo_type, class_code, 0, max_tokens)
-        if not self._fitting:
+        self._since_attempt += 1
+        if self._since_attempt >= self.attempt_every and not self._fitting:
+            self._since_attempt = 0
             self._fitting = True
             threading.Thread(target=self._refit, name="jitserve-qrf", daemon=True).start()
 
@@ -175,6 +181,7 @@ class FrameRunner:
         self._frame_start = time.time()
         self._frame_goodput = 0.0
         self._history: list[dict[str, Any]] = []
+        self._next_expiry = float("inf")  # earliest waiting deadline of a never-started request (lower bound)
         self.bounds: LengthBounds | None = None
         if config.use_analyzer:
             path = os.path.join(config.runtime_dir, ANALYZER_FILE) if config.runtime_dir else None
@@ -243,6 +250,7 @@ class FrameRunner:
             error=info.error,
         )
         self.meta[request_id] = _Meta(info, arrival, int(input_len), max_tokens, debug=debug)
+        self._next_expiry = min(self._next_expiry, arrival + info.slo.waiting_time)
         self.recent.append(debug)
         self._dirty = True
         return info
@@ -398,9 +406,15 @@ class FrameRunner:
 
     def expired_ids(self, now: float) -> list[str]:
         """Waiting requests past waiting_time, checked every step so none is admitted after it."""
-        if not self.drops_expired:
-            return []
-        return self.table.ids(expired(self.table, now))
+        if not self.drops_expired or now < self._next_expiry:
+            return []  # the common case costs one comparison
+        t = self.table
+        ids = t.ids(expired(t, now))
+        pending = t.active & ~t.started
+        waiting = t.waiting_deadline[pending]
+        later = waiting[waiting >= now]
+        self._next_expiry = float(later.min()) if later.size else float("inf")
+        return ids
 
     def preempted(self, request_id: str) -> None:
         self.preempted_total += 1
@@ -429,7 +443,9 @@ class FrameRunner:
                 delay = max(ahead, 0) * mean_tgen / B
         snap = self.classes.snapshot
         totals = {cls: ClassTotalsModel(**vars(t)) for cls, t in self.window.totals.items()}
-        return EngineState(
+        # model_construct: every field is computed here from validated inputs; validating again would
+        # cost more than the rest of the state (it is built several times a second in the step loop).
+        return EngineState.model_construct(
             pod=self.config.pod,
             model=self.config.model,
             step_time_s=self.meter.step_time,

@@ -243,7 +243,7 @@ def test_state_file_reports_the_queue(
         s.add_request(make_request(f"r{i}", {"slo_class": "tight"}, max_tokens=30))
     for _ in range(4):
         step(s)
-    time.sleep(0.15)  # the state is published at most 10 times a second
+    time.sleep(0.3)  # the state is published at most every PUBLISH_EVERY_S (0.25 s)
     step(s)
     path = jit_env / "run" / "state.json"
     deadline = time.monotonic() + 10  # the publisher thread writes asynchronously
