@@ -253,3 +253,40 @@ def test_state_file_round_trip(tmp_path: Path) -> None:
     write_atomic(str(tmp_path / "state.json"), _state(running=1).model_dump_json())
     st = read_state(str(tmp_path))
     assert st is not None and st.running == 1 and not list(tmp_path.glob(".state-*"))
+
+
+class FixedBoundPredictor:
+    """Test double of the analyzer's LengthPredictor: trained, bound = generated + 10 (the real QRF needs
+    hundreds of finished requests and seconds of fitting; its own tests live in tests/unit/analyzer)."""
+
+    trained = True
+
+    def __init__(self) -> None:
+        self.queries = 0
+
+    def upper_bounds(self, prompt_len: Any, generated: Any, *rest: Any) -> Any:
+        import numpy as np
+
+        self.queries += 1
+        return np.asarray(generated) + 10
+
+
+def test_length_bounds_refresh_every_50_generated_tokens(tmp_path: Path) -> None:
+    r = FrameRunner(RunnerConfig(policy="jitserve", batch_size=2, runtime_dir=str(tmp_path)))
+    if r.bounds is None:
+        pytest.skip("analyzer not installed")
+    fake = FixedBoundPredictor()
+    r.bounds.predictor = fake  # type: ignore[assignment]
+    r.admit("a", None, arrival=0.0, input_len=5, max_tokens=500)
+    r.admit("b", {"length_bound": 300}, arrival=0.0, input_len=5, max_tokens=500)  # the router's bound wins
+    t = r.table
+    assert t.len_ub[t.slot("a")] == 10 and t.len_ub[t.slot("b")] == 300
+    r.sync([("a", True, 49, 54), ("b", True, 49, 54)])
+    assert t.len_ub[t.slot("a")] == 50  # stale bound (<= generated) bumped by the table, not re-predicted
+    r.sync([("a", True, 50, 55), ("b", True, 50, 55)])
+    assert t.len_ub[t.slot("a")] == 60 and t.len_ub[t.slot("b")] == 300
+    queries = fake.queries
+    r.sync([("a", True, 70, 75)])
+    assert fake.queries == queries  # not due before another 50 tokens
+    r.sync([("a", True, 100, 105)])
+    assert t.len_ub[t.slot("a")] == 110
