@@ -25,9 +25,10 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 import yaml
-from conftest import ROOT, wait_for
-from emulated import EmulatedCluster
-from emulated.pods import Api, EmulatedPodRunner, iter_process_groups
+from conftest import ROOT
+
+from tests.emulated import EmulatedCluster, wait_for
+from tests.emulated.pods import Api, EmulatedPodRunner, iter_process_groups
 
 pytestmark = pytest.mark.e2e
 
