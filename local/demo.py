@@ -470,23 +470,34 @@ async def measure_capacity(
     start, end = t0 + warmup_s, t0 + warmup_s + window_s
     counted = 0
 
-    async def worker() -> None:
+    async def one() -> bool:
+        """Stream one request; False once the window has ended."""
         nonlocal counted
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": _prompt(rng, rng.randint(20, 300))}],
+            max_tokens=rng.randint(32, 160),
+            stream=True,
+            # Best-effort with a waiting_time longer than the measurement: a scheduler must not drop
+            # these (they are the queue that keeps the batch full), whatever the class's default.
+            extra_body={"ignore_eos": True, "slo_class": "best-effort", "waiting_time": 3600},
+        )
+        async for chunk in stream:
+            now = time.monotonic()
+            if now >= end:
+                await stream.close()  # aborts the request in the engine
+                return False
+            if now >= start and any(c.delta is not None and c.delta.content for c in chunk.choices):
+                counted += 1
+        return True
+
+    async def worker() -> None:
         while time.monotonic() < end:
-            stream = await client.chat.completions.create(
-                model=model,
-                messages=[{"role": "user", "content": _prompt(rng, rng.randint(20, 300))}],
-                max_tokens=rng.randint(32, 160),
-                stream=True,
-                extra_body={"ignore_eos": True, "slo_class": "best-effort"},
-            )
-            async for chunk in stream:
-                now = time.monotonic()
-                if now >= end:
-                    await stream.close()  # aborts the request in the engine
+            try:
+                if not await one():
                     return
-                if now >= start and any(c.delta is not None and c.delta.content for c in chunk.choices):
-                    counted += 1
+            except openai.APIError:  # a refused or dropped request: the closed loop sends the next
+                await asyncio.sleep(0.2)
 
     try:
         await asyncio.gather(*(worker() for _ in range(concurrency + max(2, concurrency // 4))))
