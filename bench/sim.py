@@ -2,6 +2,8 @@
 
     python bench/sim.py --rates 1.5,2.5,3.5 --duration 600 --replicas 1 --out /tmp/simbench
     python bench/sim.py --scale            # 10,000 requests over an hour on 16 replicas: wall time
+    python bench/sim.py --diagnose 3.5     # where the distance from the oracle comes from
+    python bench/sim.py --placements 2.5 --replicas 4 --duration 300
 
 Writes `<out>/ratios.md` (the tables of docs/benchmarks/sim.md) and `<out>/sweep.json`.
 """
@@ -77,6 +79,52 @@ def scale_run() -> int:
     return 0
 
 
+def diagnose(rate: float, duration: float) -> int:
+    """Where JITServe's distance from the oracle comes from (docs/benchmarks/sim.md, section 1)."""
+    import dataclasses
+
+    from jitserve.sim import policies
+    from jitserve.sim.runner import RunConfig, compare
+    from jitserve.sim.workload import load_workload
+
+    def variant(oracle: bool, deadlines: str):  # type: ignore[no-untyped-def]
+        return lambda ctx: dataclasses.replace(policies._jitserve(ctx, oracle), deadlines=deadlines)
+
+    policies.FACTORIES["true-lengths"] = variant(True, "analyzer")
+    policies.FACTORIES["true-subdeadlines"] = variant(False, "oracle")
+    spec = load_workload("paper-mix")
+    cfg = RunConfig(rate_per_replica=rate, replicas=1, duration_s=duration, predictor="conditional")
+    runs = compare(spec, ["jitserve", "true-lengths", "true-subdeadlines", "jitserve-oracle"], cfg)
+    runs["bounds-q0.5"] = compare(spec, ["jitserve"], dataclasses.replace(cfg, quantile=0.5))["jitserve"]
+    no_drop = spec.model_copy(update={"slo": spec.slo.model_copy(update={"waiting_time": 1e4})})
+    runs["no-waiting-drop"] = compare(no_drop, ["jitserve"], cfg)["jitserve"]
+    for name, rep in runs.items():
+        print(f"{name:<20} token goodput {rep.token_goodput:8.1f}  request goodput {rep.request_goodput:.3f}")
+    return 0
+
+
+def placements(rate: float, duration: float, replicas: int) -> int:
+    from jitserve.sim.runner import RunConfig, compare
+    from jitserve.sim.workload import load_workload
+
+    spec = load_workload("paper-mix")
+    for placement in ("power-of-k", "round-robin", "least-load", "power-of-two"):
+        cfg = RunConfig(
+            rate_per_replica=rate,
+            replicas=replicas,
+            duration_s=duration,
+            predictor="conditional",
+            placement=placement,
+        )
+        rep = compare(spec, ["jitserve"], cfg)["jitserve"]
+        print(
+            f"jitserve {placement:<13} token goodput {rep.token_goodput:8.1f}  "
+            f"request goodput {rep.request_goodput:.3f}",
+            flush=True,
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -88,9 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predictor", default="auto")
     parser.add_argument("--out", type=Path, default=Path("/tmp/simbench"))
     parser.add_argument("--scale", action="store_true", help="only the 10k-request / 16-replica timing run")
+    parser.add_argument("--diagnose", type=float, metavar="RATE", help="oracle-gap variants at this rate")
+    parser.add_argument("--placements", type=float, metavar="RATE", help="JITServe under each placement")
     args = parser.parse_args(argv)
     if args.scale:
         return scale_run()
+    if args.diagnose:
+        return diagnose(args.diagnose, args.duration)
+    if args.placements:
+        return placements(args.placements, args.duration, args.replicas)
     from jitserve.sim.runner import RunConfig, compare, make_bounds
     from jitserve.sim.workload import load_workload
 
