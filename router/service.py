@@ -658,16 +658,43 @@ class Router:
 
 
 class RelayResponse(StreamingResponse):
-    """A relayed stream whose cleanup runs even if the client vanished before the body started."""
+    """A relayed stream. Leaner than Starlette's StreamingResponse (one watcher task instead of an anyio
+    task group per response: CPU per stream matters at hundreds of streams a second), and its cleanup
+    runs however it ends: finished, client gone (the watcher cancels the relay, which closes the engine
+    connection so the engine aborts the request), or never started."""
 
     def __init__(self, content: AsyncIterator[bytes], on_close: Any, **kw: Any) -> None:
         super().__init__(content, **kw)
         self._on_close = on_close
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        relay = asyncio.current_task()
+        assert relay is not None
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass  # the body was read already; only the disconnect remains to arrive
+            gone = True
+            relay.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        body = self.body_iterator
         try:
-            await super().__call__(scope, receive, send)
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            async for chunk in body:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            relay.uncancel()  # the client left: a normal end for us, not a cancelled server
         finally:
+            watcher.cancel()
+            await body.aclose()  # type: ignore[attr-defined]
             await self._on_close()
 
 

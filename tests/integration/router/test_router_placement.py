@@ -15,6 +15,17 @@ from router_fakes import MODEL, FakeEngine, RunningRouter, idle_state, loaded_st
 MSG = [{"role": "user", "content": "hello"}]
 
 
+def wait_until(fn, what: str, timeout: float = 20.0) -> None:
+    """Poll `fn` until it holds; the timeout only bounds a hang (it is far below the stream's length)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not fn():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting: {what}")
+        time.sleep(0.05)
+
+
 def client(r: RunningRouter) -> openai.OpenAI:
     return openai.OpenAI(base_url=r.url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
@@ -165,15 +176,27 @@ def test_open_requests_are_capped_with_429(
 ) -> None:
     a, b = fake_engines
     a.token_delay_s = b.token_delay_s = 0.5
+    a.tokens = b.tokens = 1000  # a stream that would run for minutes
     r = start_router("--engines", f"{a.url},{b.url}", "--max-inflight", "1", ready=2)
     c = client(r)
-    stream = c.completions.create(model=MODEL, prompt="x", max_tokens=4, stream=True)
+    stream = c.completions.create(model=MODEL, prompt="x", max_tokens=1000, stream=True)
     first = next(iter(stream))  # one request holds the only slot
     assert first.choices[0].text == " tok"
     with pytest.raises(openai.RateLimitError) as info:
         c.completions.create(model=MODEL, prompt="x", max_tokens=1)
     assert info.value.code == "router_overloaded"
-    stream.close()
+    stream.close()  # the client leaves: the router must notice, free the slot and drop the engine stream
+
+    def admitted() -> bool:
+        try:
+            c.completions.create(model=MODEL, prompt="x", max_tokens=1)
+        except openai.RateLimitError:
+            return False
+        return True
+
+    wait_until(admitted, "the slot of a disconnected client is freed")
+    metrics = httpx.get(r.url + "/metrics").text
+    assert 'jitserve_router_drops_total{reason="client_disconnect",slo_class="best-effort"} 1.0' in metrics
 
 
 def test_prompts_sharing_a_prefix_go_where_it_is_cached(
