@@ -545,6 +545,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run (60)")
     parser.add_argument(
+        "--min-jobs",
+        type=int,
+        default=30,
+        help="stretch the arrivals beyond --duration until this many jobs are expected (default 30)",
+    )
+    parser.add_argument(
         "--rate",
         type=float,
         default=None,
@@ -641,6 +647,7 @@ class Plan:
     scale: float
     capacity: float | None  # measured output tokens/s at saturation of the baseline (None: not measured)
     jobs: list[Job]
+    duration: float  # seconds of arrivals
 
 
 def calibrate(
@@ -667,14 +674,17 @@ def calibrate(
             f"-> {rate:.2f} jobs/s ({args.overload}x), SLO times x{scale:.2f}",
             flush=True,
         )
-    jobs = make_workload(rate, args.duration, args.seed)
+    # On a slow (or busy) machine the calibrated rate can be so low that --duration holds a handful of
+    # jobs, too few to compare anything: stretch the arrivals to at least --min-jobs expected jobs.
+    duration = max(args.duration, args.min_jobs / rate)
+    jobs = make_workload(rate, duration, args.seed)
     calls = sum(len(j.calls) for j in jobs)
     print(
         f"workload: {len(jobs)} jobs ({calls} calls, 1:1:1 latency/deadline/compound) over "
-        f"{args.duration:.0f} s; SLOs: {describe_slos(scale)}",
+        f"{duration:.0f} s; SLOs: {describe_slos(scale)}",
         flush=True,
     )
-    return Plan(rate, scale, capacity, jobs)
+    return Plan(rate, scale, capacity, jobs, duration)
 
 
 def report(
@@ -707,7 +717,7 @@ def report(
         "rate": plan.rate,
         "slo_scale": plan.scale,
         "capacity_tokens_per_s": plan.capacity,
-        "duration_s": args.duration,
+        "duration_s": plan.duration,
         "seed": args.seed,
         "jobs": len(plan.jobs),
         "policies": list(names),
