@@ -14,7 +14,6 @@ vllm-priority -> EDF priorities, jitserve -> GMAX with the engine's batch size.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
