@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from jitserve.scheduler.gmax import EngineSpeed, GMAXParams, analyze
 from jitserve.scheduler.requests import NewRequest, RequestTable
 
+_TIE_TOLERANCE = 0.02  # priorities within 2% are a tie: the speed estimates are not that precise
+
 
 class ClassGoodput(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -106,9 +108,13 @@ def place(
         # Feasible everywhere only after a wait: queue where it ranks best against the bar.
         score = np.where(an.feasible, priority / np.maximum(bar, 1e-12), -np.inf)
         reason = "queued: below every replica's admission bar"
-    best = np.flatnonzero(score == score.max())
-    if best.size > 1:  # ties (identical replicas): the least loaded one
-        best = best[np.argsort(delay[best], kind="stable")]
+    # Near-ties (replicas with the same speed and no queue give the same priority) go to the least
+    # loaded replica; without this every request would pile onto the first replica until it filled.
+    top = score.max()
+    best = np.flatnonzero(score >= top - _TIE_TOLERANCE * abs(top))
+    if best.size > 1:
+        load = np.asarray([(s.running + s.waiting) / s.batch_size for s in states])
+        best = best[np.lexsort((delay[best], load[best]))]
     return Placement(int(sampled[best[0]]), priority, sampled, reason)
 
 

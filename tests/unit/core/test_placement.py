@@ -76,3 +76,11 @@ def test_k_samples_a_subset_deterministically():
 
 def test_no_replicas():
     assert place(tight(), [], now=0.0).replica is None
+
+
+def test_equal_replicas_share_the_load():
+    # identical speeds, all with free slots: the least loaded one wins, not always the first
+    busy = replica("a", running=6)
+    quiet = replica("b", running=1)
+    assert place(tight(), [busy, quiet], now=0.0).replica == 1
+    assert place(tight(), [quiet, busy], now=0.0).replica == 0
