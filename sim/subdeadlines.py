@@ -7,7 +7,8 @@
 - `program`: no amortization, every call carries the program's deadline (the baselines).
 
 Tools are not separate pattern nodes here: a stage's LLM nodes carry the duration of the tool call
-that precedes them, so the store's stage indices are the program's LLM stages.
+that precedes them, so the store's stage indices are the program's LLM stages. Every stage release
+re-matches the program; sub-deadlines are kept monotone across those re-matches.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class SubDeadlines:
         self.v_token = v_token
         self.prefill_rate = prefill_rate
         self.store = None
+        self._last: dict[int, float] = {}  # program -> its previous stage's sub-deadline
 
     def stage_seconds(self, program: Program, upto: int | None = None) -> np.ndarray:
         out = []
@@ -78,4 +80,13 @@ class SubDeadlines:
             return program.arrival + min(1.0, (stage + 1) / max(program.expected_stages, 1.0)) * d
         partial = self._graph(program, stage + 1, stage)
         plan = self.store.plan(partial, stage, d, now=0.0, record_reuse=False)
-        return program.arrival + plan.deadline_for_stage(stage)
+        deadline = program.arrival + plan.deadline_for_stage(stage)
+        # Each stage re-matches with more revealed; a new match may put this stage's deadline before
+        # the previous stage's. A stage cannot be due before its predecessor: keep them monotone.
+        if stage > 0:
+            deadline = max(deadline, self._last.get(program.pid, deadline))
+        if stage + 1 < len(program.stages):
+            self._last[program.pid] = deadline
+        else:
+            self._last.pop(program.pid, None)
+        return deadline
