@@ -83,24 +83,32 @@ def pool_changed(namespace: str, name: str, **_: Any) -> None:
 
 @kopf.on.event(api.SERVINGPOOL_PLURAL)
 def pool_event(pool_classes: kopf.Index, **_: Any) -> None:
-    """Any pool event (including deletion) may change which pools use which class."""
-    RESYNC.index = pool_classes
-    _rec().refresh_class_statuses(_pools(pool_classes))
+    """Any pool event (including deletion) may change which pools use which class: mark the classes'
+    status stale. The background thread rewrites them, coalescing a burst of pool events into one pass."""
+    BACKGROUND.index = pool_classes
+    BACKGROUND.classes_stale.set()
 
 
-class _Resync:
-    """Periodic resync in a thread of our own: router-reported goodput into each pool's status, and
-    repair of anything an event missed. Not a kopf timer: kopf puts a finalizer on every object
-    with a timer, and owner references already make deletion complete without one."""
+class _Background:
+    """Work in a thread of our own, not in kopf timers (kopf puts a finalizer on every object with a
+    timer, and owner references already make deletion complete without one):
+    - every `resync_seconds`: router-reported goodput into each pool's status, and repair of
+      anything an event missed;
+    - whenever pools changed: SLOClass status (which pools use each class), at most twice a second.
+    """
 
     def __init__(self) -> None:
         self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
+        self.classes_stale = threading.Event()
         self.index: kopf.Index | None = None
+        self.threads: list[threading.Thread] = []
 
-    def run(self) -> None:
+    def pools(self) -> list[tuple[str, str, list[str]]]:
+        return _pools(self.index) if self.index is not None else []
+
+    def resync(self) -> None:
         while not self.stop.wait(CONFIG.resync_seconds):
-            for ns, name, _ in _pools(self.index) if self.index is not None else []:
+            for ns, name, _ in self.pools():
                 if self.stop.is_set():
                     return
                 try:
@@ -108,36 +116,76 @@ class _Resync:
                 except Exception:  # noqa: BLE001 - one pool's failure must not stop the others
                     log.exception("resync of pool %s/%s failed", ns, name)
 
+    def class_statuses(self) -> None:
+        while not self.stop.is_set():
+            if not self.classes_stale.wait(0.5):
+                continue
+            self.stop.wait(0.5)  # let a burst of pool events settle into one pass
+            self.classes_stale.clear()
+            try:
+                _rec().refresh_class_statuses(self.pools())
+            except Exception:  # noqa: BLE001 - retried on the next pool event or resync
+                log.exception("refreshing SLOClass statuses failed")
+                self.classes_stale.set()
 
-RESYNC = _Resync()
+
+BACKGROUND = _Background()
 
 
 @kopf.on.startup()
-def _start_resync(**_: Any) -> None:
-    RESYNC.stop.clear()
-    RESYNC.thread = threading.Thread(target=RESYNC.run, name="jitserve-resync", daemon=True)
-    RESYNC.thread.start()
+def _start_background(**_: Any) -> None:
+    BACKGROUND.stop.clear()
+    BACKGROUND.threads = [
+        threading.Thread(target=BACKGROUND.resync, name="jitserve-resync", daemon=True),
+        threading.Thread(target=BACKGROUND.class_statuses, name="jitserve-class-status", daemon=True),
+    ]
+    for thread in BACKGROUND.threads:
+        thread.start()
 
 
 @kopf.on.cleanup()
-def _stop_resync(**_: Any) -> None:
-    RESYNC.stop.set()
+def _stop_background(**_: Any) -> None:
+    BACKGROUND.stop.set()
+
+
+# Last seen spec of each SLOClass and readiness of each child Deployment: events that change neither
+# (our own status writes, kopf's annotations, the initial listing) cost nothing.
+_CLASS_SPECS: dict[str, Any] = {}
+_DEPLOYMENT_STATE: dict[tuple[str, str], tuple[Any, ...]] = {}
+_SEEN_LOCK = threading.Lock()
 
 
 @kopf.on.event(api.SLOCLASS_PLURAL)
-def class_event(name: str, type: str | None, pool_classes: kopf.Index, **_: Any) -> None:  # noqa: A002
+def class_event(name: str, type: str | None, spec: kopf.Spec, pool_classes: kopf.Index, **_: Any) -> None:  # noqa: A002
     """An SLOClass appeared, changed or went: every pool that names it re-plans (ConfigMap, status)."""
-    pools = _pools(pool_classes)
-    for ns, pool, allowed in pools:
+    with _SEEN_LOCK:
+        current = None if type == "DELETED" else dict(spec)
+        changed = _CLASS_SPECS.get(name) != current
+        _CLASS_SPECS[name] = current
+    if type is None or not changed:
+        return  # the initial listing (pools resume by themselves) or a status-only change
+    for ns, pool, allowed in _pools(pool_classes):
         if name in allowed:
             _rec().reconcile(ns, pool)
-    if type != "DELETED":
-        _rec().refresh_class_statuses(pools)
+    BACKGROUND.classes_stale.set()
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": api.MANAGED_BY})
-def child_event(namespace: str, body: kopf.Body, **_: Any) -> None:
-    """A child Deployment's status moved (pods became ready, ...): refresh its pool's status."""
+def child_event(namespace: str, name: str, type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
+    """A child Deployment's rollout moved (pods became ready, ...): refresh its pool's status."""
+    status = body.get("status") or {}
+    state = (
+        type == "DELETED",
+        body.get("metadata", {}).get("generation"),
+        status.get("observedGeneration"),
+        status.get("readyReplicas"),
+        status.get("updatedReplicas"),
+    )
+    with _SEEN_LOCK:
+        changed = _DEPLOYMENT_STATE.get((namespace, name)) != state
+        _DEPLOYMENT_STATE[(namespace, name)] = state
+    if not changed or type is None:
+        return
     for ref in body.get("metadata", {}).get("ownerReferences") or []:
         if ref.get("kind") == api.SERVINGPOOL_KIND and ref.get("apiVersion", "").startswith(api.GROUP + "/"):
             _rec().reconcile(namespace, ref["name"])

@@ -11,6 +11,7 @@ messageExpression. Error messages follow the API server's format.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,13 +75,18 @@ def _openapi_errors(obj: Any, schema: Schema) -> list[tuple[str, str]]:
     return errors
 
 
+@functools.lru_cache(maxsize=256)
+def _program(rule: str) -> Any:
+    """Compiled CEL (parsing is the expensive part; each CRD has a handful of rules)."""
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
 def _walk_rules(obj: Any, schema: Schema, path: str, errors: list[tuple[str, str]], root: bool) -> None:
     """Evaluate every x-kubernetes-validations rule whose node is present in `obj`."""
     for rule in schema.get("x-kubernetes-validations") or []:
         try:
-            env = celpy.Environment()
-            program = env.program(env.compile(rule["rule"]))
-            ok = program.evaluate({"self": celpy.json_to_cel(obj)})
+            ok = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(obj)})
         except Exception as exc:  # noqa: BLE001 - a rule that cannot evaluate is a failed rule, as in K8s
             ok = False
             rule = {**rule, "message": f"{rule.get('message', rule['rule'])} (evaluation error: {exc})"}

@@ -24,6 +24,7 @@ import collections
 import copy
 import datetime
 import itertools
+import time
 import uuid
 from typing import Any
 
@@ -119,10 +120,14 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         self._seq_by_id: dict[int, int] = {}
         self._buses = collections.defaultdict(self._new_bus)
         self._write_lock = asyncio.Lock()
-        self._crds: dict[Any, dict[str, Any]] = {}
-        self._info_cache: dict[
-            tuple[Any, Any, Any], Any
-        ] = {}  # resource -> served CRD version (schema, subresources)
+        self._crds: dict[Any, dict[str, Any]] = {}  # resource -> served CRD version (schema, subresources)
+        self._info_cache: dict[tuple[Any, Any, Any], Any] = {}  # (group, version, plural) -> ResourceInfo
+        self._alive: dict[str, Any] = {}  # uid -> key of every live object (for the garbage collector)
+        self._dependents: collections.defaultdict[str, set[Any]] = collections.defaultdict(
+            set
+        )  # owner uid -> keys
+        # (plural, namespace, name) -> time.monotonic() of its creation, for benchmarks.
+        self.created_at: dict[tuple[str, str | None, str], float] = {}
         # kmock streams watches as octet-stream, which kubectl rejects; serve our own watch, in JSON.
         (self.fallback**1)[enums.action.WATCH] << {"Content-Type": "application/json"} << self._serve_watch
         self.resources.load_bundled()  # K3s's built-in resources, bundled with kmock
@@ -342,34 +347,41 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
 
     # ---- garbage collection -----------------------------------------------------------------------
 
-    async def _collect_garbage(self) -> None:
-        """Delete (cascading) every object whose owners are all gone, as the real GC does."""
-        while True:
+    def _index_created(self, key: Any, raw: dict[str, Any]) -> None:
+        meta = raw.get("metadata") or {}
+        self._alive[meta.get("uid")] = key
+        for ref in meta.get("ownerReferences") or []:
+            self._dependents[ref.get("uid")].add(key)
+
+    async def _collect_garbage(self, suspects: set[Any]) -> None:
+        """The garbage collector: delete (cascading) each suspect whose owners are all gone."""
+        while suspects:
+            key = suspects.pop()
+            if key not in self.objects or self.objects[key].deleted:
+                continue
+            obj = self.objects[key]
+            meta = obj.raw.get("metadata") or {}
+            refs = meta.get("ownerReferences") or []
+            if not refs or any(ref.get("uid") in self._alive for ref in refs):
+                continue
             async with self._lock:
-                alive = {
-                    (obj.raw.get("metadata") or {}).get("uid")
-                    for obj in self.objects.values()
-                    if not obj.deleted
-                }
-                doomed = []
-                for key, obj in self.objects.items():
-                    if obj.deleted:
-                        continue
-                    refs = (obj.raw.get("metadata") or {}).get("ownerReferences") or []
-                    if refs and not any(ref.get("uid") in alive for ref in refs):
-                        doomed.append(key)
-                for key in doomed:
-                    obj = self.objects[key]
-                    if (obj.raw.get("metadata") or {}).get("finalizers"):
-                        if not obj.raw["metadata"].get("deletionTimestamp"):
-                            obj.patch({"metadata": {"deletionTimestamp": _now()}})
-                            await self._buses[key[0]].put({"type": "MODIFIED", "object": obj.raw})
-                        continue
-                    raw = obj.raw
-                    obj.delete()
-                    await self._buses[key[0]].put({"type": "DELETED", "object": raw})
-            if not doomed:
-                return
+                if meta.get("finalizers"):
+                    if not meta.get("deletionTimestamp"):
+                        obj.patch(
+                            {
+                                "metadata": {
+                                    "deletionTimestamp": _now(),
+                                    "resourceVersion": str(next(self._rv)),
+                                }
+                            }
+                        )
+                        await self._buses[key[0]].put({"type": "MODIFIED", "object": obj.raw})
+                    continue
+                raw = obj.raw
+                obj.delete()
+                self._alive.pop(meta.get("uid"), None)
+                await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+            suspects |= self._dependents.pop(meta.get("uid"), set())
 
     # ---- request entry point ------------------------------------------------------------------------
 
@@ -407,12 +419,16 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                 raise _status_error(
                     405, "MethodNotAllowed", f"{method} is not supported on {request.url.path}"
                 )
-            gone = self._live(res, request.namespace, (payload.get("metadata") or {}).get("name", "")) is None
-            orphan = method == "POST" and (payload.get("metadata") or {}).get("ownerReferences")
-            if gone or orphan:
-                # An owner went away, or an object was created for an owner already gone (a controller
-                # racing a deletion): as the real garbage collector, delete what has no live owner.
-                await self._collect_garbage()
+            meta = payload.get("metadata") or {}
+            key = (res, request.namespace or meta.get("namespace"), meta.get("name"))
+            if self._live(*key) is None:
+                # Gone now (deleted, or its last finalizer removed): its dependents follow.
+                self._alive.pop(meta.get("uid"), None)
+                await self._collect_garbage(set(self._dependents.pop(meta.get("uid"), set())))
+            elif method == "POST" and meta.get("ownerReferences"):
+                # Created for an owner that is already gone (a controller racing a deletion): the
+                # real garbage collector deletes it, and so does this one.
+                await self._collect_garbage({key})
             return aiohttp.web.json_response(payload, status=201 if method == "POST" else 200)
 
     async def _store(self, request: Any, verb: str) -> dict[str, Any]:
@@ -428,6 +444,8 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                 else:
                     self.objects[key].create(request.data)
                 raw = self.objects[key].last.raw
+                self.created_at[(res.plural, key[1], key[2])] = time.monotonic()
+                self._index_created(key, raw)
                 await bus.put({"type": "ADDED", "object": raw})
                 return raw
             key = (res, request.namespace, request.name)
@@ -486,15 +504,20 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         return payload
 
     async def _serve_list(self, request: Any) -> Any:
-        payload = await super()._serve_list(request)
         match = matcher(request.params)
-        payload["items"] = [item for item in payload["items"] if match(item)]
-        info = self._info(request.resource)
         res = request.resource
-        payload["kind"] = f"{info.kind}List" if info is not None and info.kind else "List"
-        payload["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
-        payload["metadata"] = {"resourceVersion": str(next(self._rv))}
-        return payload
+        items = [
+            obj.raw
+            for (r, ns, _), obj in self.objects.items()
+            if r == res and (request.namespace is None or ns == request.namespace) and not obj.deleted
+        ]
+        info = self._info(res)
+        return {
+            "kind": f"{info.kind}List" if info is not None and info.kind else "List",
+            "apiVersion": f"{res.group}/{res.version}" if res.group else res.version,
+            "metadata": {"resourceVersion": str(next(self._rv))},
+            "items": [item for item in items if match(item)],
+        }
 
     async def _serve_watch(self, request: Any) -> Any:
         # Subscribe first, then replay (kmock 0.8 replays first and loses events in between); resume
