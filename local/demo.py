@@ -547,8 +547,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--min-jobs",
         type=int,
-        default=30,
-        help="stretch the arrivals beyond --duration until this many jobs are expected (default 30)",
+        default=60,
+        help="stretch the arrivals beyond --duration until this many jobs are expected (default 60)",
     )
     parser.add_argument(
         "--rate",
