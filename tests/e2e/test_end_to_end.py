@@ -80,8 +80,14 @@ def api(emulated_cluster: EmulatedCluster) -> Iterator[Api]:
 
 
 @pytest.fixture(scope="module")
-def pods(emulated_cluster: EmulatedCluster) -> Iterator[EmulatedPodRunner]:
-    workdir = Path(tempfile.mkdtemp(prefix="emulated-pods-"))
+def pods(
+    emulated_cluster: EmulatedCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EmulatedPodRunner]:
+    # pytest's temp dirs: logs stay for a look after a failure, and old runs are pruned. The path is
+    # short enough for vLLM's Unix sockets under each pod's TMPDIR (107 bytes at most).
+    workdir = tmp_path_factory.mktemp("pods")
+    if len(str(workdir)) > 48:  # a long --basetemp or TMPDIR: fall back to a short directory
+        workdir = Path(tempfile.mkdtemp(prefix="emulated-pods-", dir="/tmp"))
     runner = EmulatedPodRunner(emulated_cluster.url, emulated_cluster.kubeconfig, workdir)
     with runner:
         yield runner
