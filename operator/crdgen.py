@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -307,13 +308,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--output-dir", type=Path, help="write one YAML file per CRD into this directory (default: print)"
     )
     parser.add_argument(
+        "--docs",
+        type=Path,
+        help="also rewrite the generated field tables in this Markdown file (docs/crds.md)",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="with --output-dir: exit 1 if the files there differ from the models instead of writing",
     )
 
 
+def update_docs(path: Path) -> bool:
+    """Replace the generated section of `path`; True if it changed."""
+    text = path.read_text()
+    start, end = text.index(REFERENCE_BEGIN), text.index(REFERENCE_END) + len(REFERENCE_END) + 1
+    new = text[:start] + reference_markdown() + text[end:]
+    path.write_text(new)
+    return new != text
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "docs", None) is not None:
+        update_docs(args.docs)
     files = render()
     if args.output_dir is None:
         sys.stdout.write("---\n".join(files.values()))
@@ -332,3 +349,91 @@ def run(args: argparse.Namespace) -> int:
         (args.output_dir / name).write_text(text)
         print(f"wrote {args.output_dir / name}")
     return 0
+
+
+# ---- the field tables of docs/crds.md --------------------------------------------------------------
+
+REFERENCE_BEGIN = "<!-- BEGIN GENERATED FIELD TABLES (jitserve.operator.crdgen.reference_markdown) -->"
+REFERENCE_END = "<!-- END GENERATED FIELD TABLES -->"
+
+
+def _constraints(node: dict[str, Any]) -> str:
+    parts = []
+    if "enum" in node:
+        parts.append(" \\| ".join(f"`{v}`" for v in node["enum"]))
+    lo, hi = node.get("minimum"), node.get("maximum")
+    if lo is not None:
+        parts.append(f"{'>' if node.get('exclusiveMinimum') else '>='} {lo}")
+    if hi is not None:
+        parts.append(f"{'<' if node.get('exclusiveMaximum') else '<='} {hi}")
+    for key, label in (("minItems", "items >="), ("maxItems", "items <="), ("maxLength", "length <=")):
+        if key in node:
+            parts.append(f"{label} {node[key]}")
+    if "pattern" in node:
+        parts.append(f"pattern `{node['pattern']}`")
+    if node.get("x-kubernetes-list-type") == "set":
+        parts.append("unique")
+    return ", ".join(parts)
+
+
+def _rows(node: dict[str, Any], prefix: str, required: bool) -> list[str]:
+    kind = "quantity" if node.get("x-kubernetes-int-or-string") else node.get("type", "")
+    if kind == "array" and isinstance(node.get("items"), dict):
+        kind = f"[]{node['items'].get('type', 'object')}"
+    if kind == "object" and isinstance(node.get("additionalProperties"), dict):
+        kind = f"map[string]{node['additionalProperties'].get('type', '')}"
+    default = f"`{json.dumps(node['default'])}`" if "default" in node else ""
+    desc = (node.get("description") or "").replace("\n", " ").replace("|", "\\|")
+    req = " (required)" if required else ""
+    rows = [f"| `{prefix}` | {kind}{req} | {default} | {_constraints(node)} | {desc} |"]
+    children = node.get("properties") or {}
+    if kind.startswith("[]") and isinstance(node.get("items"), dict):
+        children = node["items"].get("properties") or {}
+        prefix += "[]"
+        node = node["items"]
+    for name, sub in children.items():
+        rows += _rows(sub, f"{prefix}.{name}", name in (node.get("required") or []))
+    return rows
+
+
+def reference_markdown() -> str:
+    """Field tables and CEL rules of both CRDs, for docs/crds.md (a test keeps the doc in sync)."""
+    out = [REFERENCE_BEGIN]
+    for crd in (sloclass_crd(), servingpool_crd()):
+        kind = crd["spec"]["names"]["kind"]
+        schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for part in ("spec", "status"):
+            out += ["", f"### {kind} `.{part}`", "", "| field | type | default | allowed | description |"]
+            out += ["|---|---|---|---|---|"]
+            node = schema["properties"][part]
+            for name, sub in (node.get("properties") or {}).items():
+                out += _rows(sub, name, name in (node.get("required") or []))
+        rules = []
+        for path, node in [("", schema)] + [(f".{p}", n) for p, n in _rule_nodes(schema, "")]:
+            rules += [
+                f"| `{path or '.'}` | `{_cell(r['rule'])}` | {_cell(r['message'])} |"
+                for r in node.get("x-kubernetes-validations") or []
+            ]
+        out += [
+            "",
+            f"### {kind} validation rules (CEL)",
+            "",
+            "| on | rule | message |",
+            "|---|---|---|",
+            *rules,
+        ]
+    out.append(REFERENCE_END)
+    return "\n".join(out) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _rule_nodes(node: dict[str, Any], prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for name, sub in (node.get("properties") or {}).items():
+        path = f"{prefix}.{name}" if prefix else name
+        found.append((path, sub))
+        found += _rule_nodes(sub, path)
+    return found

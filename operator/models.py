@@ -157,16 +157,22 @@ class NetworkPolicySpec(_Model):
 class ServingPoolSpec(_Model):
     """The spec of a ServingPool custom resource."""
 
-    model: ModelSpec
+    model: ModelSpec = Field(description="the model to serve and the name clients use for it")
     replicas: int = Field(1, ge=0, le=1000, description="engine pods")
-    engine: EngineSpec = Field(default_factory=EngineSpec)
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="engine backend, image, vLLM args")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="per engine pod")
     nodeSelector: dict[str, str] = Field(default_factory=dict, description="engine pods' node selector")
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
-    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
-    sloClasses: SLOClassesSpec
-    router: RouterSpec = Field(default_factory=RouterSpec)
-    networkPolicy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="engine pods' tolerations"
+    )
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec, description="JITServe parameters")
+    sloClasses: SLOClassesSpec = Field(description="the SLOClasses this pool serves")
+    router: RouterSpec = Field(
+        default_factory=RouterSpec, description="the router: the pool's OpenAI endpoint"
+    )
+    networkPolicy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec, description="engine isolation"
+    )
 
     @model_validator(mode="after")
     def _check_backend(self) -> ServingPoolSpec:

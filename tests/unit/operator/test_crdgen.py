@@ -92,3 +92,11 @@ def test_yaml_is_loadable_and_has_the_header() -> None:
     for name, text in crdgen.render().items():
         assert text.startswith("# Generated")
         assert yaml.safe_load(text)["kind"] == "CustomResourceDefinition", name
+
+
+def test_docs_field_tables_match_the_models(tmp_path: Path) -> None:
+    doc = (ROOT / "docs" / "crds.md").read_text()
+    assert crdgen.reference_markdown() in doc, "run: jitserve crds --output-dir crds --docs docs/crds.md"
+    copy = tmp_path / "crds.md"
+    copy.write_text(doc)
+    assert crdgen.update_docs(copy) is False  # regenerating changes nothing
