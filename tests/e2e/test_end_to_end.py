@@ -28,7 +28,14 @@ import yaml
 from conftest import ROOT
 
 from tests.emulated import EmulatedCluster, wait_for
-from tests.emulated.pods import Api, EmulatedPodRunner, iter_process_groups
+from tests.emulated.pods import (
+    Api,
+    EmulatedPodRunner,
+    container_argv,
+    iter_process_groups,
+    local_argv,
+    rewrite_paths,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -116,6 +123,41 @@ def _namespace(kubectl: Kubectl, name: str) -> None:
 
 
 # ---- the pod runner on its own -------------------------------------------------------------------
+
+
+def test_container_argv_follows_kubernetes_and_the_images() -> None:
+    # args only: the image's ENTRYPOINT (read from images/operator/Dockerfile) + args, CMD dropped.
+    operator = {"name": "o", "image": "registry.example.com:5000/jitserve/operator:0.1.0", "args": ["-A"]}
+    assert container_argv(operator) == ["jitserve", "operator", "-A"]
+    # neither: ENTRYPOINT + CMD; a digest instead of a tag.
+    assert container_argv({"name": "o", "image": "jitserve/operator@sha256:" + "a" * 64})[:2] == [
+        "jitserve",
+        "operator",
+    ]
+    # command replaces the ENTRYPOINT and drops CMD.
+    assert container_argv({"name": "r", "image": "jitserve/router:0.1.0", "command": ["sh"]}) == ["sh"]
+    with pytest.raises(ValueError, match="no command"):
+        container_argv({"name": "x", "image": "busybox:1.36"})
+
+
+def test_local_argv_binds_the_pod_address_and_keeps_vllm_args() -> None:
+    argv = local_argv(["jitserve", "engine", "--model", "m", "--", "--host", "0.0.0.0"], "127.0.0.9")
+    assert argv == [
+        sys.executable, "-m", "jitserve.main", "engine", "--host", "127.0.0.9", "--model", "m",
+        "--", "--host", "127.0.0.9",
+    ]  # fmt: skip
+    assert local_argv(["kopf", "--liveness=http://0.0.0.0:8081/healthz"], "127.0.0.3") == [
+        "kopf",
+        "--liveness=http://127.0.0.3:8081/healthz",
+    ]
+
+
+def test_rewrite_paths_only_touches_mounted_paths() -> None:
+    mounts = [("/cache/hf", Path("/w/hf")), ("/cache", Path("/w/c")), ("/tmp", Path("/w/t"))]
+    assert rewrite_paths("/cache/hf/models", mounts) == "/w/hf/models"
+    assert rewrite_paths("--dir=/cache", mounts) == "--dir=/w/c"
+    assert rewrite_paths("/tmpfiles", mounts) == "/tmpfiles"  # a prefix of a word is not a mount
+    assert rewrite_paths("PATH=/usr/bin:/tmp", mounts) == "PATH=/usr/bin:/w/t"
 
 
 def _http_server_deployment(namespace: str, replicas: int) -> dict[str, Any]:
