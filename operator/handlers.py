@@ -64,6 +64,32 @@ def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     )
 
 
+@kopf.index(api.SLOCLASS_PLURAL)
+def class_specs(name: str, spec: kopf.Spec, **_: Any) -> dict[str, Any]:
+    """In-memory index: SLOClass name -> spec (the reconciler reads classes from here, not the API)."""
+    return {name: dict(spec)}
+
+
+_INDEXES: dict[str, kopf.Index] = {}  # kopf's live index objects, captured from handler kwargs
+
+
+def _remember(class_specs: kopf.Index | None = None, pool_classes: kopf.Index | None = None) -> None:
+    if class_specs is not None:
+        _INDEXES["classes"] = class_specs
+    if pool_classes is not None:
+        BACKGROUND.index = pool_classes
+
+
+def _lookup_class(name: str) -> dict[str, Any] | None:
+    """SLOClass spec from the in-memory index (complete before any handler runs, per kopf)."""
+    index = _INDEXES.get("classes")
+    if index is None:
+        return _rec()._get_class(name)  # noqa: SLF001 - no index yet: ask the API server
+    for spec in index.get(name, ()):
+        return spec
+    return None
+
+
 @kopf.index(api.SERVINGPOOL_PLURAL)
 def pool_classes(namespace: str, name: str, spec: kopf.Spec, **_: Any) -> dict[str, Any]:
     """In-memory index: (namespace, name) -> allowed classes, to find the pools an SLOClass feeds."""
@@ -77,15 +103,18 @@ def _pools(index: kopf.Index) -> list[tuple[str, str, list[str]]]:
 @kopf.on.resume(api.SERVINGPOOL_PLURAL)
 @kopf.on.create(api.SERVINGPOOL_PLURAL)
 @kopf.on.update(api.SERVINGPOOL_PLURAL)
-def pool_changed(namespace: str, name: str, **_: Any) -> None:
+def pool_changed(
+    namespace: str, name: str, class_specs: kopf.Index, pool_classes: kopf.Index, **_: Any
+) -> None:
+    _remember(class_specs, pool_classes)
     _rec().reconcile(namespace, name)
 
 
 @kopf.on.event(api.SERVINGPOOL_PLURAL)
-def pool_event(pool_classes: kopf.Index, **_: Any) -> None:
+def pool_event(class_specs: kopf.Index, pool_classes: kopf.Index, **_: Any) -> None:
     """Any pool event (including deletion) may change which pools use which class: mark the classes'
     status stale. The background thread rewrites them, coalescing a burst of pool events into one pass."""
-    BACKGROUND.index = pool_classes
+    _remember(class_specs, pool_classes)
     BACKGROUND.classes_stale.set()
 
 
@@ -134,6 +163,7 @@ BACKGROUND = _Background()
 
 @kopf.on.startup()
 def _start_background(**_: Any) -> None:
+    _rec().class_lookup = _lookup_class
     BACKGROUND.stop.clear()
     BACKGROUND.threads = [
         threading.Thread(target=BACKGROUND.resync, name="jitserve-resync", daemon=True),
@@ -156,8 +186,11 @@ _SEEN_LOCK = threading.Lock()
 
 
 @kopf.on.event(api.SLOCLASS_PLURAL)
-def class_event(name: str, type: str | None, spec: kopf.Spec, pool_classes: kopf.Index, **_: Any) -> None:  # noqa: A002
+def class_event(  # noqa: A002 - kopf's argument names
+    name: str, type: str | None, spec: kopf.Spec, class_specs: kopf.Index, pool_classes: kopf.Index, **_: Any
+) -> None:
     """An SLOClass appeared, changed or went: every pool that names it re-plans (ConfigMap, status)."""
+    _remember(class_specs, pool_classes)
     with _SEEN_LOCK:
         current = None if type == "DELETED" else dict(spec)
         changed = _CLASS_SPECS.get(name) != current

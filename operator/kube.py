@@ -148,17 +148,24 @@ class ChildConflictError(Exception):
     """A child's name is taken by an object this pool does not own; the operator never overwrites it."""
 
 
-def apply(kube: Kube, desired: Manifest, owner_uid: str) -> tuple[str, Manifest]:
+def apply(kube: Kube, desired: Manifest, owner_uid: str, likely_new: bool = False) -> tuple[str, Manifest]:
     """Create or replace one child; ('unchanged' | 'created' | 'updated', live object).
 
     The manifest's hash is stored on the child: when it matches, nothing is written at all, so
     re-running (an operator restart, a periodic resync) is free and changes nothing.
+    `likely_new` (a pool never reconciled before) tries the create first and saves a read per child.
     """
     md = desired["metadata"]
     digest = manifest_hash(desired)
-    live = kube.get(desired["apiVersion"], desired["kind"], md.get("namespace"), md["name"])
     body = json.loads(json.dumps(desired))  # a copy we may annotate
     body["metadata"].setdefault("annotations", {})[api.SPEC_HASH_ANNOTATION] = digest
+    if likely_new:
+        try:
+            return "created", kube.create(body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+    live = kube.get(desired["apiVersion"], desired["kind"], md.get("namespace"), md["name"])
     if live is None:
         return "created", kube.create(body)
     if not owned_by(live, owner_uid):

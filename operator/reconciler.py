@@ -43,6 +43,7 @@ class Reconciler:
         http_get: Callable[[str], Any] | None = None,
         clock: Callable[[], str] = utcnow,
         on_result: Callable[[str, str, bool, Result], None] | None = None,
+        class_lookup: Callable[[str], dict[str, Any] | None] | None = None,
     ) -> None:
         self.kube = kube
         self.images = images or Images()
@@ -50,6 +51,9 @@ class Reconciler:
         self.http_get = http_get or _http_get_json
         self.clock = clock
         self.on_result = on_result  # observers (tests, metrics): (namespace, name, read_router, result)
+        # SLOClass name -> spec or None; the operator passes its in-memory index (kept current by
+        # the watch), saving a read per class per reconcile. Without one: read from the API.
+        self.class_lookup = class_lookup or self._get_class
         # One reconcile per pool at a time: kopf may call us from several handlers concurrently.
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
@@ -78,15 +82,15 @@ class Reconciler:
         allowed = (spec.get("sloClasses") or {}).get("allowed") or []
         class_specs = {}
         for cname in allowed:
-            obj = self.kube.get(api.API_VERSION, api.SLOCLASS_KIND, None, cname)
-            class_specs[cname] = None if obj is None else (obj.get("spec") or {})
+            class_specs[cname] = self.class_lookup(cname)
         plan = plan_pool(name, namespace, uid, spec, class_specs, self.images)
         result = Result(plan)
         apply_error = None
         if plan.pool is not None:
             try:
+                likely_new = "observedGeneration" not in (pool_obj.get("status") or {})
                 for child in desired_children(plan.pool):
-                    outcome, _ = apply(self.kube, child, uid)
+                    outcome, _ = apply(self.kube, child, uid, likely_new)
                     if outcome != "unchanged":
                         result.changes[f"{child['kind']}/{child['metadata']['name']}"] = outcome
                 for api_version, kind, cname in unwanted_children(plan.pool):
@@ -119,6 +123,10 @@ class Reconciler:
                 "pool %s/%s: %s", namespace, name, ", ".join(f"{k} {v}" for k, v in result.changes.items())
             )
         return result
+
+    def _get_class(self, name: str) -> dict[str, Any] | None:
+        obj = self.kube.get(api.API_VERSION, api.SLOCLASS_KIND, None, name)
+        return None if obj is None else dict(obj.get("spec") or {})
 
     def _patch_status(self, api_version: str, kind: str, namespace: str, name: str, status: Any) -> None:
         try:
