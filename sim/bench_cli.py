@@ -61,7 +61,13 @@ def real_metrics(results: list[Any], scale: float) -> dict[str, Any]:
 
 
 def sim_metrics(
-    jobs: list[Any], results: list[Any] | None, scale: float, policy: str, engines: int, max_num_seqs: int
+    jobs: list[Any],
+    results: list[Any] | None,
+    scale: float,
+    policy: str,
+    engines: int,
+    max_num_seqs: int,
+    step_s: float | None = None,
 ) -> dict[str, Any]:
     """Simulate `jobs` (input lengths as the real engine tokenized them when known)."""
     os.environ.setdefault("JITSERVE_SIM_GMAX_STEP_SHARE", "10")  # B = the engine's max_num_seqs
@@ -73,6 +79,25 @@ def sim_metrics(
     from jitserve.sim.workload import Call, Program, Stage
 
     profile = load_profile("smollm2-135m-vllm-cpu").model_copy(update={"max_num_seqs": max_num_seqs})
+    if step_s is not None:
+        # Calibrate to the machine as it is now: stretch every time of the profile so that a full
+        # decode step takes what the demo's saturation measurement saw (a busy machine is slower).
+        from jitserve.sim.profiles import BatchTimeModel
+
+        factor = step_s / BatchTimeModel.from_profile(profile).decode_step_time(max_num_seqs, 256.0)
+        hw = profile.hardware.model_copy(
+            update={
+                "peak_flops": profile.hardware.peak_flops / factor,
+                "mem_bandwidth": profile.hardware.mem_bandwidth / factor,
+            }
+        )
+        profile = profile.model_copy(
+            update={
+                "hardware": hw,
+                "step_overhead_s": profile.step_overhead_s * factor,
+                "prefill_token_overhead_s": profile.prefill_token_overhead_s * factor,
+            }
+        )
     programs = []
     for k, job in enumerate(jobs):
         slo, _ = demo.slo_for(job.slo_class, len(job.calls), scale)
@@ -119,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
         plan, results = demo._run_sequential(args, model, names, log_dir, stop)
     for policy, res in zip(names, results, strict=True):
         real = real_metrics(res, plan.scale)
-        sim = sim_metrics(plan.jobs, res, plan.scale, policy, args.engines, args.max_num_seqs)
+        step = args.engines * args.max_num_seqs / plan.capacity if plan.capacity else None
+        sim = sim_metrics(plan.jobs, res, plan.scale, policy, args.engines, args.max_num_seqs, step)
         rows[policy] = {"real": real, "sim": sim}
     print(f"\n{'policy':<14}{'metric':<12}{'real':>10}{'sim':>10}{'gap':>8}")
     for policy, row in rows.items():
