@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from jitserve.scheduler.analyzer.features import MAX_CATEGORY_CODE, slo_type_code
 from jitserve.scheduler.analyzer.length import LengthPredictor, LengthPredictorConfig
@@ -20,8 +21,17 @@ log = logging.getLogger("jitserve.router.analysis")
 
 
 class LengthBounds:
-    def __init__(self, enabled: bool = True, config: LengthPredictorConfig | None = None) -> None:
+    def __init__(
+        self,
+        enabled: bool = True,
+        config: LengthPredictorConfig | None = None,
+        min_refit_interval_s: float = 60.0,
+    ) -> None:
         self.enabled = enabled
+        # A 300-tree fit costs seconds of CPU; at hundreds of requests a second "every 500 requests"
+        # would mean a fit every few seconds, so fits are also spaced in time.
+        self.min_refit_interval_s = min_refit_interval_s
+        self._last_fit = -float("inf")
         self.predictor = LengthPredictor(config) if enabled else None
         self._codes: dict[str, int] = {}
         self._fitting = False
@@ -64,8 +74,8 @@ class LengthBounds:
         due = self._since_fit >= (
             cfg.refit_every_requests if self.predictor.trained else cfg.min_history_requests
         )
-        if due and not self._fitting:
-            self._fitting, self._since_fit = True, 0
+        if due and not self._fitting and time.monotonic() - self._last_fit >= self.min_refit_interval_s:
+            self._fitting, self._since_fit, self._last_fit = True, 0, time.monotonic()
             asyncio.get_running_loop().run_in_executor(None, self._refit)
 
     def _refit(self) -> None:

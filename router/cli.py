@@ -220,6 +220,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output-length bound: the analyzer's QRF learned online from finished requests, or max_tokens",
     )
     g.add_argument(
+        "--length-refit-interval",
+        type=float,
+        default=_env("length-refit-interval", 60.0),
+        help="seconds between QRF refits at least (a fit costs seconds of CPU)",
+    )
+    g.add_argument(
         "--subdeadlines",
         default=_env("subdeadlines", "pattern-graph"),
         choices=["pattern-graph", "remaining"],
@@ -269,6 +275,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         max_programs=args.max_programs,
         status_window_s=args.status_window,
         length_predictor=args.length_predictor == "qrf",
+        length_refit_interval_s=args.length_refit_interval,
         pattern_graphs=args.subdeadlines == "pattern-graph",
         seed=args.seed,
         defaults=defaults,

@@ -97,7 +97,9 @@ class Router:
             store=PatternStore() if config.pattern_graphs else None,
             on_finish=self._program_done,
         )
-        self.lengths = LengthBounds(enabled=config.length_predictor)
+        self.lengths = LengthBounds(
+            config.length_predictor, min_refit_interval_s=config.length_refit_interval_s
+        )
         self.prefixes = PrefixIndex(config.prefix_cache_entries)
         self.rng = np.random.default_rng(config.seed)
         self.client = client or httpx.AsyncClient(timeout=config.connect_timeout_s)  # state polls

@@ -171,3 +171,28 @@ def test_configmap_tables_validate_and_name_the_problem() -> None:
         )
     with pytest.raises(ValueError, match="default class 'zz'"):
         table_from_configmap({**good, "default": "zz"}, None, "cm")
+
+
+def test_length_bounds_start_at_max_tokens_and_learn_from_finished_requests() -> None:
+    import asyncio
+
+    from jitserve.router.analysis import LengthBounds
+    from jitserve.scheduler.analyzer.length import LengthPredictorConfig
+    from jitserve.scheduler.slo import SLOType
+
+    cfg = LengthPredictorConfig(n_estimators=10, min_samples_leaf=5, min_history_requests=40)
+    bounds = LengthBounds(True, cfg, min_refit_interval_s=0.0)
+
+    async def run() -> int:
+        assert bounds.bound(30, SLOType.DEADLINE, "jobs", "m", 1000) == 1000  # nothing learned yet
+        for i in range(40):  # short answers (10-29 tokens) to prompts of ~30 tokens
+            bounds.observe(30, 10 + i % 20, SLOType.DEADLINE, "jobs", "m", 1000)
+        while bounds._fitting:  # the fit runs in a worker thread
+            await asyncio.sleep(0.01)
+        return bounds.bound(30, SLOType.DEADLINE, "jobs", "m", 1000)
+
+    learned = asyncio.run(run())
+    assert 20 <= learned < 1000  # a 90% bound near the observed lengths, far below max_tokens
+    assert (
+        LengthBounds(False).bound(30, SLOType.DEADLINE, "jobs", "m", 77) == 77
+    )  # --length-predictor max-tokens
