@@ -395,12 +395,11 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     app, _ = build(args)
-    try:
-        import uvloop  # noqa: F401
+    import importlib.util
 
-        loop = "uvloop"
-    except ImportError:
-        loop = "asyncio"
+    # uvloop and httptools are the fast paths (pyproject pulls them in); plain asyncio/h11 still work.
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
     uvicorn.run(
         app,
         host=args.host,
@@ -408,7 +407,7 @@ def run(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=False,
         loop=loop,
-        http="httptools",
+        http=http,
         timeout_graceful_shutdown=5,
         # clients (and Service proxies) reuse connections; uvicorn's 5 s default races with them
         timeout_keep_alive=75,
