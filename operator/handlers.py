@@ -217,8 +217,8 @@ def child_event(namespace: str, name: str, type: str | None, body: kopf.Body, **
     with _SEEN_LOCK:
         changed = _DEPLOYMENT_STATE.get((namespace, name)) != state
         _DEPLOYMENT_STATE[(namespace, name)] = state
-    if not changed or type is None:
-        return
+    if not changed or type in (None, "ADDED"):
+        return  # the initial listing, or our own create (its pool is reconciling right now)
     for ref in body.get("metadata", {}).get("ownerReferences") or []:
         if ref.get("kind") == api.SERVINGPOOL_KIND and ref.get("apiVersion", "").startswith(api.GROUP + "/"):
             _rec().reconcile(namespace, ref["name"])

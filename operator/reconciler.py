@@ -86,11 +86,13 @@ class Reconciler:
         plan = plan_pool(name, namespace, uid, spec, class_specs, self.images)
         result = Result(plan)
         apply_error = None
+        applied: dict[tuple[str, str], dict[str, Any]] = {}  # what the API server answered, per child
         if plan.pool is not None:
             try:
                 likely_new = "observedGeneration" not in (pool_obj.get("status") or {})
                 for child in desired_children(plan.pool):
-                    outcome, _ = apply(self.kube, child, uid, likely_new)
+                    outcome, live = apply(self.kube, child, uid, likely_new)
+                    applied[(child["kind"], child["metadata"]["name"])] = live
                     if outcome != "unchanged":
                         result.changes[f"{child['kind']}/{child['metadata']['name']}"] = outcome
                 for api_version, kind, cname in unwanted_children(plan.pool):
@@ -101,8 +103,8 @@ class Reconciler:
             except ChildConflictError as exc:
                 apply_error = str(exc)
         observed = Observed(
-            engine=self.kube.get("apps/v1", "Deployment", namespace, api.engine_name(name)),
-            router=self.kube.get("apps/v1", "Deployment", namespace, api.router_name(name)),
+            engine=self._deployment(applied, namespace, api.engine_name(name)),
+            router=self._deployment(applied, namespace, api.router_name(name)),
         )
         previous = dict(pool_obj.get("status") or {})
         base = dict(previous)
@@ -123,6 +125,12 @@ class Reconciler:
                 "pool %s/%s: %s", namespace, name, ", ".join(f"{k} {v}" for k, v in result.changes.items())
             )
         return result
+
+    def _deployment(self, applied: dict[tuple[str, str], dict[str, Any]], namespace: str, name: str) -> Any:
+        """A child Deployment as just written or read by apply, else read now (blocked pools)."""
+        if ("Deployment", name) in applied:
+            return applied[("Deployment", name)]
+        return self.kube.get("apps/v1", "Deployment", namespace, name)
 
     def _get_class(self, name: str) -> dict[str, Any] | None:
         obj = self.kube.get(api.API_VERSION, api.SLOCLASS_KIND, None, name)
