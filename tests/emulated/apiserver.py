@@ -390,6 +390,9 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
             raise _status_error(
                 415, "UnsupportedMediaType", "the emulated API server only accepts JSON bodies"
             )
+        if request.url.path == "/emulated/created-at":  # not Kubernetes: creation times, for benchmarks
+            rows = [[*key, t] for key, t in self.created_at.items()]
+            return aiohttp.web.json_response(rows)
         res = request.resource
         method = str(request.method.value).upper()
         served = res is not None and res.plural is not None and self._info(res) is not None
