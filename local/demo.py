@@ -235,7 +235,9 @@ async def _one_call(
     except openai.RateLimitError:
         res.dropped, res.reason = True, "rejected"
     except openai.APIStatusError as e:
-        res.dropped, res.reason = True, f"http {e.status_code}"
+        # The router answers 503 for a request it dropped before its first token (waiting_time).
+        waited = e.status_code == 503 and "waiting_time" in str(e)
+        res.dropped, res.reason = True, "dropped" if waited else f"http {e.status_code}"
     except openai.APIError:  # an in-stream error event: the router dropped it past waiting_time
         res.dropped, res.reason = True, "dropped"
     if not res.dropped and finish_reason == "abort":
@@ -374,6 +376,18 @@ def score(results: Sequence[JobResult], scale: float = 1.0) -> dict[str, ClassSc
         s.goodput += g.tokens
         s.dropped += int(any(c.dropped for c in r.calls))
     return scores
+
+
+def drop_reasons(results: Sequence[JobResult]) -> dict[str, int]:
+    """Jobs dropped, by why (rejected = 429 at admission, dropped = not started within waiting_time,
+    timeout = the client gave up, http N = other errors)."""
+    counts: dict[str, int] = {}
+    for r in results:
+        for c in r.calls:
+            if c.dropped:
+                counts[c.reason] = counts.get(c.reason, 0) + 1
+                break
+    return counts
 
 
 def total(scores: dict[str, ClassScore]) -> ClassScore:
@@ -699,6 +713,10 @@ def report(
     print()
     print(format_table(names, scores))
     t_base, t_ours = total(scores[0]), total(scores[1])
+    reasons = [drop_reasons(r) for r in results]
+    for name, counts in zip(names, reasons, strict=True):
+        listed = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+        print(f"drops of {name}: {listed}")
     print(
         f"\nJITServe ({names[1]}) / {names[0]}: {_ratio(t_ours.goodput, t_base.goodput)} token goodput, "
         f"SLO attainment {t_ours.attainment:.0%} vs {t_base.attainment:.0%}"
@@ -722,6 +740,7 @@ def report(
         "jobs": len(plan.jobs),
         "policies": list(names),
         "scores": [{c: {**asdict(s), "attainment": s.attainment} for c, s in sc.items()} for sc in scores],
+        "drop_reasons": reasons,
         "ratio_total": t_ours.goodput / t_base.goodput if t_base.goodput else math.inf,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from jitserve.local.demo import (
     CallResult,
     Job,
     JobResult,
+    drop_reasons,
     format_table,
     make_workload,
     score,
@@ -135,3 +136,14 @@ def test_status_line_sums_the_router_classes_and_shows_each_pod() -> None:
     assert "drops 3" in line
     assert "e0 3r/1w kv50%" in line and "e1 -" in line
     assert format_status(None, []).startswith("router: no status")
+
+
+def test_drop_reasons_count_each_job_once() -> None:
+    dropped = CallResult(0.0, dropped=True, reason="rejected")
+    results = [
+        JobResult(_job("latency", [4]), [dropped]),
+        JobResult(_job("compound", [2, 3]), [CallResult(0.0, 4, [1.0, 2.0], 2.0), dropped]),
+        JobResult(_job("deadline", [5]), [CallResult(0.0, dropped=True, reason="timeout")]),
+        JobResult(_job("deadline", [5]), [CallResult(0.0, 10, [1.0] * 5, 1.0)]),
+    ]
+    assert drop_reasons(results) == {"rejected": 2, "timeout": 1}
