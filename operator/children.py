@@ -11,7 +11,7 @@ from typing import Any
 
 from jitserve.operator import api
 from jitserve.operator.classes_configmap import render_data
-from jitserve.operator.commands import MODELS_MOUNT, engine_args, router_args
+from jitserve.operator.commands import CLASSES_MOUNT, MODELS_MOUNT, engine_args, engine_env, router_args
 from jitserve.operator.models import EngineBackend, ModelSource, ServingPoolSpec
 from jitserve.scheduler.slo import SLOClassSpec
 
@@ -127,13 +127,17 @@ def engine_deployment(pool: Pool) -> Manifest:
                 "valueFrom": {"secretKeyRef": {"name": spec.model.hfTokenSecret, "key": "token"}},
             }
         )
+    env += engine_env(spec)
     volumes: list[dict[str, Any]] = [
         {"name": "cache", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
+        # Mounted by name: an edited class reaches the file without changing the pod template.
+        {"name": "classes", "configMap": {"name": api.classes_configmap_name(pool.name)}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "cache", "mountPath": CACHE_MOUNT},
         {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "classes", "mountPath": CLASSES_MOUNT, "readOnly": True},
     ]
     if spec.engine.backend is EngineBackend.VLLM:
         # NCCL and vLLM's workers share tensors through /dev/shm; the container default (64 MiB) is too small.
@@ -151,7 +155,7 @@ def engine_deployment(pool: Pool) -> Manifest:
         "name": "engine",
         "image": engine_image(pool),
         "command": ["jitserve"],
-        "args": engine_args(spec),
+        "args": engine_args(spec, pool.default_class),
         "ports": [{"name": "http", "containerPort": api.ENGINE_PORT, "protocol": "TCP"}],
         "env": env,
         "resources": _engine_resources(spec),

@@ -8,6 +8,8 @@ from jitserve.operator.models import ModelSource, ServingPoolSpec
 
 # Where a pool's PersistentVolumeClaim of weights is mounted in the engine pod.
 MODELS_MOUNT = "/models"
+# Where the pool's classes ConfigMap is mounted (kubelet refreshes it; the engine re-reads on change).
+CLASSES_MOUNT = "/etc/jitserve/classes"
 
 
 def model_argument(spec: ServingPoolSpec) -> str:
@@ -24,26 +26,21 @@ def model_argument(spec: ServingPoolSpec) -> str:
     return model.name
 
 
-def engine_args(spec: ServingPoolSpec) -> list[str]:
-    """`jitserve engine ...`: JITServe's flags, then '--' and the vLLM arguments."""
+def engine_args(spec: ServingPoolSpec, default_class: str) -> list[str]:
+    """`jitserve engine ...` (scheduler/engine_cli.py): JITServe's flags, then '--' and vLLM's."""
     sched = spec.scheduler
     args = [
         "engine",
-        "--model",
-        model_argument(spec),
-        "--port",
-        str(api.ENGINE_PORT),
-        "--served-model-name",
-        spec.model.servedName,
-        "--frame-steps",
-        str(sched.frameSteps),
-        "--cutoff",
-        repr(sched.cutoff),
-        "--starvation-delta",
-        repr(sched.starvationDelta),
-        "--preemption",
-        sched.preemption.value,
-    ]
+        "--model", model_argument(spec),
+        "--port", str(api.ENGINE_PORT),
+        "--served-model-name", spec.model.servedName,
+        "--policy", "jitserve",
+        "--frame-steps", str(sched.frameSteps),
+        "--classes-file", f"{CLASSES_MOUNT}/{api.CLASSES_KEY}",
+        "--default-class", default_class,
+    ]  # fmt: skip
+    if sched.maxNumSeqs is not None:
+        args += ["--max-num-seqs", str(sched.maxNumSeqs)]
     vllm_args = list(spec.engine.extraArgs)
     # A pod with several GPUs is useless to vLLM without tensor parallelism; the user's value wins.
     if spec.gpus > 1 and not any(a.startswith(("--tensor-parallel-size", "-tp")) for a in vllm_args):
@@ -51,6 +48,17 @@ def engine_args(spec: ServingPoolSpec) -> list[str]:
     if vllm_args:
         args += ["--", *vllm_args]
     return args
+
+
+def engine_env(spec: ServingPoolSpec) -> list[dict[str, str]]:
+    """Scheduler parameters the engine CLI has no flag for (yet): JITSERVE_* variables, which the
+    engine's processes inherit. Not read by the engine today; see docs/decisions/operator.md."""
+    sched = spec.scheduler
+    return [
+        {"name": "JITSERVE_CUTOFF", "value": repr(sched.cutoff)},
+        {"name": "JITSERVE_STARVATION_DELTA", "value": repr(sched.starvationDelta)},
+        {"name": "JITSERVE_PREEMPTION", "value": sched.preemption.value},
+    ]
 
 
 def router_args(pool: str, namespace: str, spec: ServingPoolSpec, default_class: str) -> list[str]:

@@ -117,6 +117,9 @@ class SchedulerSpec(_Model):
     )
     preemption: PreemptionMode = Field(PreemptionMode.AUTO, description="auto, swap or recompute")
     k: int | None = Field(None, ge=1, le=1024, description="router: pods sampled per request (default all)")
+    maxNumSeqs: int | None = Field(
+        None, ge=1, le=4096, description="B: sequences per batch (the engine's default if unset)"
+    )
 
 
 class SLOClassesSpec(_Model):

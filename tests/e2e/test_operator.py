@@ -224,14 +224,15 @@ def test_update_propagates_to_children(operator: Operator, kube: Any, kubectl: K
         )
     )
 
-    def engine_args() -> list[str]:
+    def engine() -> dict[str, Any]:
         dep = kube.get("apps/v1", "Deployment", ns, "pool-engine")
-        return dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        return dep["spec"]["template"]["spec"]["containers"][0]
 
-    args = wait_for(
-        lambda: "25" in engine_args() and engine_args(), what="new frame steps in the engine args"
+    container = wait_for(
+        lambda: "25" in engine()["args"] and engine(), what="new frame steps in the engine args"
     )
-    assert args[args.index("--frame-steps") + 1] == "25" and args[args.index("--cutoff") + 1] == "0.9"
+    assert container["args"][container["args"].index("--frame-steps") + 1] == "25"
+    assert {"name": "JITSERVE_CUTOFF", "value": "0.9"} in container["env"]
     wait_for(
         lambda: kube.get("networking.k8s.io/v1", "NetworkPolicy", ns, "pool-engine") is None,
         what="policy removed",
@@ -251,6 +252,7 @@ def test_edited_slo_class_reaches_configmap_without_restart(
     )
     kubectl("wait", "--for=condition=Ready", "servingpool/pool", "-n", ns, "--timeout=60s")
     router = kube.get("apps/v1", "Deployment", ns, "pool-router")
+    engine = kube.get("apps/v1", "Deployment", ns, "pool-engine")
 
     kubectl("patch", "sloclass/chat", "--type=merge", "-p", '{"spec": {"ttftSeconds": 0.5}}')
 
@@ -263,6 +265,9 @@ def test_edited_slo_class_reaches_configmap_without_restart(
     after = kube.get("apps/v1", "Deployment", ns, "pool-router")
     assert after["metadata"]["resourceVersion"] == router["metadata"]["resourceVersion"]
     assert after["spec"]["template"] == router["spec"]["template"]
+    # Nor were the engines' (they re-read the mounted ConfigMap file).
+    after_engine = kube.get("apps/v1", "Deployment", ns, "pool-engine")
+    assert after_engine["metadata"]["resourceVersion"] == engine["metadata"]["resourceVersion"]
 
 
 def test_missing_slo_class_is_reported_and_nothing_is_deployed(

@@ -24,7 +24,14 @@ GPU_POOL: dict[str, Any] = {
     "resources": {"gpus": 2, "cpu": "8", "memory": "48Gi"},
     "nodeSelector": {"gpu": "a100"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-    "scheduler": {"frameSteps": 25, "cutoff": 0.9, "starvationDelta": 0.5, "preemption": "swap", "k": 2},
+    "scheduler": {
+        "frameSteps": 25,
+        "cutoff": 0.9,
+        "starvationDelta": 0.5,
+        "preemption": "swap",
+        "k": 2,
+        "maxNumSeqs": 64,
+    },
     "sloClasses": {"allowed": ["latency", "best-effort"], "default": "latency"},
     "router": {"replicas": 2, "port": 9000, "authSecret": "keys"},
 }
@@ -136,14 +143,21 @@ def test_gpu_engine_command_resources_and_placement() -> None:
         "--model", "org/model",
         "--port", "8000",
         "--served-model-name", "m",
+        "--policy", "jitserve",
         "--frame-steps", "25",
-        "--cutoff", "0.9",
-        "--starvation-delta", "0.5",
-        "--preemption", "swap",
+        "--classes-file", "/etc/jitserve/classes/classes.json",
+        "--default-class", "latency",
+        "--max-num-seqs", "64",
         "--",
         "--tensor-parallel-size", "2",
         "--max-model-len", "4096",
     ]  # fmt: skip
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["JITSERVE_CUTOFF"] == "0.9" and env["JITSERVE_PREEMPTION"] == "swap"
+    assert {"name": "classes", "mountPath": "/etc/jitserve/classes", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert {"name": "classes", "configMap": {"name": "pool-classes"}} in pod["volumes"]
     assert container["resources"]["limits"] == {"cpu": "8", "memory": "48Gi", "nvidia.com/gpu": "2"}
     assert container["resources"]["requests"] == container["resources"]["limits"]
     assert container["image"] == api.DEFAULT_ENGINE_IMAGE
@@ -219,12 +233,13 @@ def test_router_rbac_is_least_privilege() -> None:
     assert all("secrets" not in r["resources"] for r in no_auth[("Role", "pool-router")]["rules"])
 
 
-def test_router_pods_do_not_restart_when_classes_change() -> None:
-    """The router watches its ConfigMap: a class edit must leave the router Deployment identical."""
+def test_pods_do_not_restart_when_classes_change() -> None:
+    """Router and engines read the ConfigMap live: a class edit must leave both Deployments identical."""
     pool = make_pool(GPU_POOL)
     edited = dict(pool.classes, latency=PAPER_CLASSES["latency"].model_copy(update={"ttftSeconds": 0.5}))
     changed = Pool(pool.name, pool.namespace, pool.uid, pool.spec, edited, pool.default_class, pool.images)
     assert children.router_deployment(changed) == children.router_deployment(pool)
+    assert children.engine_deployment(changed) == children.engine_deployment(pool)
     assert children.classes_configmap(changed) != children.classes_configmap(pool)
 
 
@@ -248,7 +263,7 @@ def test_tensor_parallel_flag_is_not_duplicated() -> None:
     spec = ServingPoolSpec.model_validate(
         {**GPU_POOL, "engine": {"extraArgs": ["--tensor-parallel-size", "1"]}}
     )
-    assert engine_args(spec).count("--tensor-parallel-size") == 1
+    assert engine_args(spec, "latency").count("--tensor-parallel-size") == 1
 
 
 def test_router_args_without_optional_flags() -> None:
