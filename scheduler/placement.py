@@ -3,7 +3,9 @@
 The request gets K dummy copies, one per sampled replica, each analyzed with that replica's speed,
 expected queueing delay and prefix-cache hit: the same `analyze` GMAX runs inside every engine. The
 request goes to the replica where its replica-specific priority clears that replica's admission bar
-and is highest. If no replica can still meet the SLO, there is no placement: admission rejects it.
+and is highest. If no replica can still meet the SLO even with a one-token reply, there is no
+placement: admission rejects it. (The conservative length bound sizes bandwidth and priorities; it
+does not reject work that a shorter, still possible reply would serve on time.)
 """
 
 from __future__ import annotations
@@ -95,15 +97,24 @@ def place(
     )
     delay = np.asarray([s.queue_delay_s for s in states])
     an = analyze(table, now, speed, params, slots, queue_delay=delay)  # type: ignore[arg-type]
+    short_reply = False
+    if not an.feasible.any():
+        # The conservative bound sizes bandwidth; it must not reject a request that a shorter (yet
+        # possible) reply would serve on time. Reject only when even a one-token reply would be late.
+        table.len_ub[slots] = 1
+        an = analyze(table, now, speed, params, slots, queue_delay=delay)  # type: ignore[arg-type]
+        short_reply = True
     priority = np.where(an.feasible, an.priority, 0.0)
     if not an.feasible.any():
-        return Placement(None, priority, sampled, "no replica can meet the SLO")
+        return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
     has_room = np.asarray([s.running + s.waiting < s.batch_size for s in states])
     bar = np.asarray([s.admission_priority for s in states])
     eligible = an.feasible & (has_room | (priority >= bar))
     if eligible.any():
         score = np.where(eligible, priority, -np.inf)
         reason = "admitted by replica-specific priority"
+        if short_reply:
+            reason = "admitted: on time only if the reply is shorter than its length bound"
     else:
         # Feasible everywhere only after a wait: queue where it ranks best against the bar.
         score = np.where(an.feasible, priority / np.maximum(bar, 1e-12), -np.inf)

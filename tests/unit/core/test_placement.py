@@ -49,10 +49,18 @@ def test_faster_replica_wins_for_the_same_request():
 
 
 def test_unattainable_slo_has_no_placement():
-    # 40 tokens at 50 ms need 2 s; a 1 s deadline cannot be met anywhere
-    p = place(tight(deadline=1.0), [replica("a"), replica("b")], now=0.0)
+    # the prompt alone takes 200 / 4000 = 0.05 s plus a 2.5 s queue: a 1 s deadline is out of reach
+    queued = [replica("a", queue_delay_s=2.5), replica("b", queue_delay_s=2.5)]
+    p = place(tight(deadline=1.0), queued, now=0.0)
     assert p.replica is None
     assert "no replica" in p.reason
+
+
+def test_a_short_reply_may_still_make_it():
+    # 40 bound tokens at 50 ms need 2 s, but a reply of up to ~18 tokens fits 1 s: not rejected
+    p = place(tight(deadline=1.0), [replica("a"), replica("b")], now=0.0)
+    assert p.replica is not None
+    assert "shorter than its length bound" in p.reason
 
 
 def test_queueing_delay_makes_a_replica_infeasible():
