@@ -6,9 +6,9 @@ keeps per-class goodput. It never touches vLLM: the adapter reads the engine int
 `FramePlan` it returns, so the same runner can be tested with plain Python calls.
 
 When to plan: a full frame every `policy.frame_steps` engine steps (order, preemptions, drops,
-starvation aging, cutoff tuning). Between frames the queue can change (arrivals, finishes freeing a
-slot), and the plan only decides who takes a freed slot through its order, so the runner re-plans
-"lightly" on such steps: it applies the order and drops of a fresh plan but never preempts, leaving
+starvation aging, cutoff tuning). Between frames, arrivals join the tail of vLLM's queue while the
+plan decides who takes a freed slot only through its order, so the runner re-plans "lightly" on a
+step after arrivals: it applies the order and drops of a fresh plan but never preempts, leaving
 GMAX's cost-aware preemption at frame granularity as §4.2 prescribes.
 """
 
@@ -302,7 +302,8 @@ class FrameRunner:
             self.dropped_total += 1
         if outcome == "finished" and m.token_times:
             self._learn(m)
-        self._dirty = True
+        # No re-plan for a departure: the queue keeps the plan's order, so vLLM fills the freed slot
+        # with the plan's next request already; only arrivals (appended at the tail) need one.
         return tokens
 
     def _learn(self, m: _Meta) -> None:
