@@ -126,11 +126,15 @@ class Pool:
             else:
                 resp.raise_for_status()
             await self._maybe_poll_models(client, r)
+        except httpx.ReadTimeout:
+            # Busy, not down: the pod accepted the poll but answered late. Its report ages into "stale"
+            # and placement falls back to the router's own counts until it answers again.
+            return
         except (httpx.HTTPError, ValidationError, ValueError) as exc:
             r.failures += 1
             if r.failures >= self.down_after or isinstance(exc, httpx.ConnectError):
                 if not r.down:
-                    log.warning("replica %s (%s) is down: %s", r.name, r.url, exc)
+                    log.warning("replica %s (%s) is down: %r", r.name, r.url, exc)
                 r.down, r.healthy = True, False
             return
         r.failures, r.healthy, r.down = 0, True, False

@@ -82,6 +82,7 @@ class FakeEngine:
     mode: str = "ok"
     received: list[dict[str, Any]] = field(default_factory=list)
     state_polls: int = 0
+    state_delay_s: float = 0.0  # answer /jitserve/state this late (a busy pod)
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
 
@@ -97,6 +98,8 @@ class FakeEngine:
     def app(self) -> Starlette:
         async def state(_: Request) -> Response:
             self.state_polls += 1
+            if self.state_delay_s:
+                await asyncio.sleep(self.state_delay_s)
             if self.state is None:
                 return JSONResponse({"detail": "Not Found"}, 404)
             return JSONResponse({**self.state, "updated_at": time.time()})

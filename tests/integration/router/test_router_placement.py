@@ -220,3 +220,22 @@ def test_prompts_sharing_a_prefix_go_where_it_is_cached(
     for tail in ("two", "three"):
         again = c.completions.with_raw_response.create(model=MODEL, prompt=prefix + tail, max_tokens=1)
         assert again.headers["x-jitserve-pod"] == a.url.split("://")[1]
+
+
+def test_a_pod_slow_to_report_is_stale_not_down(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
+) -> None:
+    a, b = fake_engines
+    r = start_router(
+        "--engines", f"{a.url},{b.url}", "--poll-timeout", "0.2", "--stale-after", "0.5", ready=2
+    )
+    a.state_delay_s = 1.0  # a busy pod: its state answers later than the poll timeout
+    name = a.url.split("://")[1]
+
+    def health() -> str:
+        return httpx.get(r.url + "/jitserve/status").json()["replicas"][name]["health"]
+
+    wait_until(lambda: health() == "stale", "a's report to go stale")
+    for _ in range(4):  # still served: placement falls back to the router's own counts for it
+        client(r).completions.create(model=MODEL, prompt="x", max_tokens=1)
+    assert health() == "stale" and len(a.received) + len(b.received) == 4
