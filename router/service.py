@@ -142,6 +142,7 @@ class Router:
         return self._session
 
     async def aclose(self) -> None:
+        self.lengths.close()
         await self.client.aclose()
         if self._session is not None:
             await self._session.close()

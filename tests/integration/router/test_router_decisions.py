@@ -192,6 +192,7 @@ def test_length_bounds_start_at_max_tokens_and_learn_from_finished_requests() ->
         return bounds.bound(30, SLOType.DEADLINE, "jobs", "m", 1000)
 
     learned = asyncio.run(run())
+    bounds.close()
     assert 20 <= learned < 1000  # a 90% bound near the observed lengths, far below max_tokens
     assert (
         LengthBounds(False).bound(30, SLOType.DEADLINE, "jobs", "m", 77) == 77
