@@ -28,7 +28,10 @@ def recent_entry(engine: EngineProcess, response_id: str) -> dict[str, Any]:
 
 
 class Saturator:
-    """`n` long streaming requests that keep the engine's batch full until `close()` (client abort)."""
+    """`n` long streaming requests that keep the engine's batch full until `close()` (client abort).
+
+    Each thread resubmits when its request ends, so the engine stays saturated however fast it runs
+    (a loaded machine can starve the API server of CPU for seconds; a single burst could end unseen)."""
 
     def __init__(
         self, engine: EngineProcess, n: int = ENGINE_BATCH, xargs: dict[str, Any] | None = None
@@ -39,27 +42,30 @@ class Saturator:
         self.threads = [threading.Thread(target=self._run, args=(i, xargs), daemon=True) for i in range(n)]
         for t in self.threads:
             t.start()
-        engine.wait_state(lambda s: s["running"] >= n)
+        engine.wait_state(lambda s: s["running"] >= min(n, ENGINE_BATCH), timeout=60)
 
     def _run(self, i: int, xargs: dict[str, Any] | None) -> None:
         client = self.engine.openai(timeout=120)
-        try:
-            stream = client.completions.create(
-                model=self.engine.model_name, prompt=f"keep busy {i}", max_tokens=1800, stream=True,
-                extra_body={"ignore_eos": True, "vllm_xargs": xargs or {"slo_class": "loose"}},
-            )  # fmt: skip
-            for _chunk in stream:
-                if self.stop.is_set():
-                    stream.close()  # closes the connection: vLLM aborts the request
-                    return
-        except BaseException as exc:  # reported by close()
-            self.errors.append(exc)
+        while not self.stop.is_set():
+            try:
+                stream = client.completions.create(
+                    model=self.engine.model_name, prompt=f"keep busy {i}", max_tokens=1800, stream=True,
+                    extra_body={"ignore_eos": True, "vllm_xargs": xargs or {"slo_class": "loose"}},
+                )  # fmt: skip
+                for _chunk in stream:
+                    if self.stop.is_set():
+                        stream.close()  # closes the connection: vLLM aborts the request
+                        return
+            except BaseException as exc:  # reported by close()
+                self.errors.append(exc)
+                return
 
     def close(self) -> None:
         self.stop.set()
         for t in self.threads:
             t.join(timeout=60)
         assert not any(t.is_alive() for t in self.threads), "a saturating stream did not stop"
+        assert not self.errors, self.errors
         self.engine.wait_state(lambda s: s["running"] == 0 and s["waiting"] == 0, timeout=60)
 
     def __enter__(self) -> Saturator:
@@ -97,13 +103,15 @@ def test_slo_fields_travel_from_the_sdk_to_the_scheduler(engine: EngineProcess) 
 def test_request_that_cannot_start_in_time_is_dropped_with_a_reason(engine: EngineProcess) -> None:
     client = engine.openai(timeout=30)
     before = engine.state()["dropped_total"]
-    with Saturator(engine):
+    # One saturator more than the batch: a slot that frees goes to the waiting saturator (older, so
+    # ranked first by the starvation term), never to the requests under test.
+    with Saturator(engine, n=ENGINE_BATCH + 1):
         c = client.completions.create(
-            model=engine.model_name, prompt="too late", max_tokens=5,
+            model=engine.model_name, prompt="too late", max_tokens=1000,
             extra_body={"vllm_xargs": {"slo_class": "batch", "waiting_time": 0.5}},
         )  # fmt: skip
         chat = client.chat.completions.create(
-            model=engine.model_name, messages=[{"role": "user", "content": "too late"}], max_tokens=5,
+            model=engine.model_name, messages=[{"role": "user", "content": "too late"}], max_tokens=1000,
             extra_body={"vllm_xargs": {"waiting_time": 0.5}},
         )  # fmt: skip
     for choice in (c.choices[0], chat.choices[0]):
@@ -142,7 +150,7 @@ def test_state_endpoint_reflects_load(engine: EngineProcess) -> None:
 
 
 def test_tight_deadline_requests_overtake_loose_ones(engine: EngineProcess) -> None:
-    """Overload: 6 loose requests (deadline 600 s, 150 tokens) queue up, then 2 tight ones arrive
+    """Overload: 6 loose requests (deadline 600 s, 600 tokens) queue up, then 2 tight ones arrive
     (deadline 60 s, 10 tokens, class weight 5 per output token). FCFS would finish the tight ones last.
     GMAX ranks by goodput per second of work still needed, so they start at the first free slots and
     finish before every loose request that was still queued.
@@ -162,13 +170,19 @@ def test_tight_deadline_requests_overtake_loose_ones(engine: EngineProcess) -> N
         with lock:
             done.append(name)
 
+    before = {r["request_id"] for r in engine.state()["recent"]}
+
+    def loose_seen(state: dict[str, Any]) -> int:
+        return sum(1 for r in state["recent"] if r["slo_class"] == "loose" and r["request_id"] not in before)
+
     loose = [
-        threading.Thread(target=send, args=(f"loose{i}", f"request {i}", {"slo_class": "loose"}, 150))
+        threading.Thread(target=send, args=(f"loose{i}", f"request {i}", {"slo_class": "loose"}, 600))
         for i in range(6)
     ]
     for t in loose:
         t.start()
-    engine.wait_state(lambda s: s["running"] == ENGINE_BATCH and s["waiting"] == 4)
+    # all six reached the scheduler (recent lists arrivals; it does not depend on catching a moment)
+    engine.wait_state(lambda s: loose_seen(s) == 6, timeout=60)
     tight = [
         threading.Thread(
             target=send, args=(f"tight{i}", f"urgent {i}", {"slo_class": "tight", "deadline": 60}, 10)
