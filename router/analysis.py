@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -102,7 +103,13 @@ class LengthBounds:
                 self.predictor.save(src)
                 if self._pool is None:
                     # spawn, not fork: the router has threads (watches, executor) a fork would copy mid-state
-                    self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+                    # and niced: on a small node the fit must yield the CPU to the proxy path
+                    self._pool = ProcessPoolExecutor(
+                        1,
+                        mp_context=multiprocessing.get_context("spawn"),
+                        initializer=os.nice,
+                        initargs=(19,),
+                    )
                 fitted = await asyncio.get_running_loop().run_in_executor(self._pool, _fit_file, src, dst)
                 if fitted:
                     new = LengthPredictor.load(dst)
