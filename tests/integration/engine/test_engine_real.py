@@ -150,7 +150,7 @@ def test_state_endpoint_reflects_load(engine: EngineProcess) -> None:
 
 
 def test_tight_deadline_requests_overtake_loose_ones(engine: EngineProcess) -> None:
-    """Overload: 6 loose requests (deadline 600 s, 600 tokens) queue up, then 2 tight ones arrive
+    """Overload: 6 loose requests (deadline 600 s, 1500 tokens) queue up, then 2 tight ones arrive
     (deadline 60 s, 10 tokens, class weight 5 per output token). FCFS would finish the tight ones last.
     GMAX ranks by goodput per second of work still needed, so they start at the first free slots and
     finish before every loose request that was still queued.
@@ -176,7 +176,7 @@ def test_tight_deadline_requests_overtake_loose_ones(engine: EngineProcess) -> N
         return sum(1 for r in state["recent"] if r["slo_class"] == "loose" and r["request_id"] not in before)
 
     loose = [
-        threading.Thread(target=send, args=(f"loose{i}", f"request {i}", {"slo_class": "loose"}, 600))
+        threading.Thread(target=send, args=(f"loose{i}", f"request {i}", {"slo_class": "loose"}, 1500))
         for i in range(6)
     ]
     for t in loose:
