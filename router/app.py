@@ -186,6 +186,10 @@ def create_app(router: Router, background: list[Callable[[], Awaitable[None]]] |
             return JSONResponse(
                 {"status": "not ready", "reason": "no engine replica is usable", "replicas": counts}, 503
             )
+        if router.classes.awaiting is not None:
+            # the pool's classes are not read yet: serving now would resolve against the wrong table
+            reason = f"SLO classes not loaded yet from {router.classes.awaiting}"
+            return JSONResponse({"status": "not ready", "reason": reason, "replicas": counts}, 503)
         return JSONResponse({"status": "ready", "replicas": counts})
 
     @app.get("/metrics", response_model=None)

@@ -91,6 +91,7 @@ class ClassRegistry:
     def __init__(self, table: ClassTable | None = None) -> None:
         self._table = table or ClassTable()
         self.last_error: str | None = None
+        self.awaiting: str | None = None  # a source that must load before the router is ready
 
     @property
     def table(self) -> ClassTable:
@@ -99,3 +100,4 @@ class ClassRegistry:
     def replace(self, table: ClassTable) -> None:
         self._table = table
         self.last_error = None
+        self.awaiting = None

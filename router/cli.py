@@ -290,6 +290,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         if args.default_class not in table.classes and not args.classes_configmap:
             raise SystemExit(f"jitserve router: --default-class {args.default_class!r} is not a known class")
         registry.replace(table)
+    if args.classes_configmap:
+        registry.awaiting = f"configmap {args.namespace}/{args.classes_configmap}"
     keyring = Keyring()
     if args.auth_file:
         with open(args.auth_file, encoding="utf-8") as f:
