@@ -30,7 +30,7 @@ def real(
     a, b = engines
     r = start_router(
         "--engines", f"{a.base_url},{b.base_url}", "--classes-file", str(a.runtime_dir / "classes.json"),
-        "--default-class", "batch", ready=2,
+        "--default-class", "batch", "--poll-timeout", "5", ready=2,
     )  # fmt: skip
     yield r, openai.OpenAI(base_url=r.url + "/v1", api_key="unused", max_retries=0, timeout=120), engines
 
