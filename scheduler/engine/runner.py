@@ -248,6 +248,7 @@ class FrameRunner:
             max_tokens=max_tokens,
             length_bound=int(self.table.len_ub[self.table.slot(request_id)]),
             error=info.error,
+            arrival=arrival,
         )
         self.meta[request_id] = _Meta(info, arrival, int(input_len), max_tokens, debug=debug)
         self._next_expiry = min(self._next_expiry, arrival + info.slo.waiting_time)
@@ -278,6 +279,9 @@ class FrameRunner:
             slot = self.table.slot(request_id)
             if not self.table.running[slot]:
                 self.table.set_running(request_id, True)
+        m = self.meta.get(request_id)
+        if m is not None and m.debug is not None and m.debug.started_at is None:
+            m.debug.started_at = time.time()  # (a frame's sync may have marked it running already)
 
     def end(self, request_id: str, now: float, outcome: str) -> float:
         """A request left the engine: `finished`, `dropped` or `aborted`. Returns its token goodput."""
@@ -298,6 +302,7 @@ class FrameRunner:
         self._frame_goodput += tokens
         if m.debug is not None:
             m.debug.outcome = outcome
+            m.debug.finished_at = now
         if outcome == "dropped":
             self.dropped_total += 1
         if outcome == "finished" and m.token_times:

@@ -50,6 +50,9 @@ class RequestDebug(BaseModel):
     length_bound: int
     error: str | None = None
     outcome: str | None = Field(None, description="None while queued or running; finished/dropped/aborted")
+    arrival: float | None = Field(None, description="unix time the request reached the scheduler")
+    started_at: float | None = Field(None, description="unix time it was first scheduled")
+    finished_at: float | None = Field(None, description="unix time it left the engine")
 
 
 class ClassTotalsModel(BaseModel):

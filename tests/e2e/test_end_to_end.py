@@ -157,6 +157,11 @@ def test_rewrite_paths_only_touches_mounted_paths() -> None:
     assert rewrite_paths("/cache/hf/models", mounts) == "/w/hf/models"
     assert rewrite_paths("--dir=/cache", mounts) == "--dir=/w/c"
     assert rewrite_paths("/tmpfiles", mounts) == "/tmpfiles"  # a prefix of a word is not a mount
+    # a path rewritten to a local directory under /tmp is not rewritten again by a /tmp mount
+    nested = [("/etc/jitserve/classes", Path("/tmp/pods/p4/v/classes")), ("/tmp", Path("/tmp/pods/p4/v/tmp"))]
+    rewritten = rewrite_paths("/etc/jitserve/classes/classes.json", nested)
+    assert rewritten == "/tmp/pods/p4/v/classes/classes.json"
+    assert rewrite_paths("/tmp/x", nested) == "/tmp/pods/p4/v/tmp/x"
     assert rewrite_paths("PATH=/usr/bin:/tmp", mounts) == "PATH=/usr/bin:/w/t"
 
 

@@ -152,11 +152,14 @@ def local_argv(argv: list[str], pod_ip: str) -> list[str]:
 
 def rewrite_paths(value: str, mounts: list[tuple[str, Path]]) -> str:
     """Rewrite 4: a path under a mountPath (as a whole word or after '=') -> the local directory."""
-    for mount_path, local in mounts:  # longest mountPath first
-        mp = mount_path.rstrip("/")
-        pattern = re.compile(rf"(^|=|:){re.escape(mp)}(?=/|$|:)")
-        value = pattern.sub(lambda m, local=local: m.group(1) + str(local), value)
-    return value
+    if not mounts:
+        return value
+    # One pass over all mountPaths (longest first in the alternation): a path already rewritten to a
+    # local directory (itself under /tmp) must not be rewritten again by a `/tmp` mount.
+    local_of = {mount_path.rstrip("/"): str(local) for mount_path, local in mounts}
+    alternation = "|".join(re.escape(mp) for mp in sorted(local_of, key=len, reverse=True))
+    pattern = re.compile(rf"(^|=|:)({alternation})(?=/|$|:)")
+    return pattern.sub(lambda m: m.group(1) + local_of[m.group(2)], value)
 
 
 def _port_number(port: int | str, container: dict[str, Any]) -> int:
