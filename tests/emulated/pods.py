@@ -68,6 +68,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -159,7 +160,16 @@ def rewrite_paths(value: str, mounts: list[tuple[str, Path]]) -> str:
     local_of = {mount_path.rstrip("/"): str(local) for mount_path, local in mounts}
     alternation = "|".join(re.escape(mp) for mp in sorted(local_of, key=len, reverse=True))
     pattern = re.compile(rf"(^|=|:)({alternation})(?=/|$|:)")
-    return pattern.sub(lambda m: m.group(1) + local_of[m.group(2)], value)
+    # This checkout and its interpreter may themselves live under /tmp (CI clones anywhere): a path
+    # there that the test put in a spec (a model directory, say) is this machine's, not the mount's.
+    host_paths = (str(IMAGES.parent), sys.prefix)
+
+    def swap(m: re.Match[str]) -> str:
+        if value.startswith(host_paths, m.start(2)):
+            return m.group(0)
+        return m.group(1) + local_of[m.group(2)]
+
+    return pattern.sub(swap, value)
 
 
 def _port_number(port: int | str, container: dict[str, Any]) -> int:
@@ -481,7 +491,7 @@ class EmulatedPodRunner:
             try:
                 self.sync_once()
             except Exception as exc:  # the API server may be restarting: report, try again next round
-                self.errors.append(repr(exc))
+                self.errors.append(f"{exc!r}\n{traceback.format_exc(limit=4)}")
                 del self.errors[:-20]
                 log.debug("emulated pod runner: %r", exc)
             self._stop.wait(self.interval)
@@ -651,8 +661,9 @@ class EmulatedPodRunner:
                 value = self._env_value(pod, spec, var)
                 if value is not None:
                     env[var["name"]] = rewrite_paths(value, mounts)
-            argv = local_argv(container_argv(spec_c), pod.ip)
-            argv = [rewrite_paths(a, mounts) for a in argv]
+            # Rewrite the container's own paths before local_argv adds this machine's interpreter:
+            # a checkout under /tmp must not be mistaken for a path on the pod's /tmp mount.
+            argv = local_argv([rewrite_paths(a, mounts) for a in container_argv(spec_c)], pod.ip)
             log_path = pod.dir / "logs" / f"{pod.namespace}.{pod.name}.{spec_c['name']}.log"
             pod.containers.append(Container(spec_c, argv, env, log_path))
 
