@@ -41,6 +41,5 @@ def kube(emulated_cluster: EmulatedCluster) -> Any:
 
 @pytest.fixture(scope="session")
 def kubectl(emulated_cluster: EmulatedCluster) -> Kubectl:
-    if shutil.which("kubectl") is None:
-        pytest.skip("kubectl is not installed")
+    assert shutil.which("kubectl") is not None, "kubectl is not on PATH (this machine kind has it)"
     return Kubectl(emulated_cluster.kubeconfig)

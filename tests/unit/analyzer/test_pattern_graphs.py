@@ -282,6 +282,7 @@ def test_save_load_round_trip_matches_the_same(history, tmp_path):
 def test_signature_vocabulary_stays_bounded(monkeypatch):
     import jitserve.scheduler.analyzer.patterns as patterns
 
+    # not a mock: the real cap, lowered so the test reaches it with a few graphs
     monkeypatch.setattr(patterns, "MAX_SIGNATURES", 12)
     store = PatternStore(PatternConfig(capacity=3), now=0.0)
     graphs = [chain(("llm", f"model-{i}", 100), ("tool", f"tool-{i}", 1.0)) for i in range(30)]

@@ -44,6 +44,7 @@ def scratch_chart(sync_crds: ModuleType, tmp_path: Path, monkeypatch: pytest.Mon
     shutil.copytree(CHART / "crds", target)
     schema = tmp_path / "chart" / "values.schema.json"
     shutil.copy(CHART / "values.schema.json", schema)
+    # not a mock: the real sync script, pointed at a scratch copy so the test can make it drift
     monkeypatch.setattr(sync_crds, "REPO", tmp_path)
     monkeypatch.setattr(sync_crds, "SOURCE", source)
     monkeypatch.setattr(sync_crds, "TARGET", target)

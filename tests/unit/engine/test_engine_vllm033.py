@@ -12,15 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[3]
 VLLM033 = ROOT / ".cache" / "vllm033"
 
 
 def test_adapter_unit_tests_pass_on_vllm_033() -> None:
-    if not (VLLM033 / "vllm" / "v1" / "core" / "sched" / "scheduler.py").exists():
-        pytest.skip(f"vLLM 0.33 not in {VLLM033}: run `make install` (pip install --no-deps --target)")
+    assert (VLLM033 / "vllm" / "v1" / "core" / "sched" / "scheduler.py").exists(), (
+        f"vLLM 0.33 not in {VLLM033}: run `make install` (pip install --no-deps --target)"
+    )
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(VLLM033), str(ROOT)]),
