@@ -11,7 +11,7 @@ from typing import Any
 
 from jitserve.operator import api
 from jitserve.operator.classes_configmap import render_data
-from jitserve.operator.commands import CLASSES_MOUNT, MODELS_MOUNT, engine_args, engine_env, router_args
+from jitserve.operator.commands import CLASSES_MOUNT, MODELS_MOUNT, engine_args, router_args
 from jitserve.operator.models import EngineBackend, ModelSource, ServingPoolSpec
 from jitserve.scheduler.slo import SLOClassSpec
 
@@ -127,7 +127,6 @@ def engine_deployment(pool: Pool) -> Manifest:
                 "valueFrom": {"secretKeyRef": {"name": spec.model.hfTokenSecret, "key": "token"}},
             }
         )
-    env += engine_env(spec)
     volumes: list[dict[str, Any]] = [
         {"name": "cache", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},

@@ -36,6 +36,9 @@ def engine_args(spec: ServingPoolSpec, default_class: str) -> list[str]:
         "--served-model-name", spec.model.servedName,
         "--policy", "jitserve",
         "--frame-steps", str(sched.frameSteps),
+        "--cutoff", repr(sched.cutoff),
+        "--starvation-delta", repr(sched.starvationDelta),
+        "--preemption", sched.preemption.value,
         "--classes-file", f"{CLASSES_MOUNT}/{api.CLASSES_KEY}",
         "--default-class", default_class,
     ]  # fmt: skip
@@ -48,17 +51,6 @@ def engine_args(spec: ServingPoolSpec, default_class: str) -> list[str]:
     if vllm_args:
         args += ["--", *vllm_args]
     return args
-
-
-def engine_env(spec: ServingPoolSpec) -> list[dict[str, str]]:
-    """Scheduler parameters the engine CLI has no flag for (yet): JITSERVE_* variables, which the
-    engine's processes inherit. Not read by the engine today; see docs/decisions/operator.md."""
-    sched = spec.scheduler
-    return [
-        {"name": "JITSERVE_CUTOFF", "value": repr(sched.cutoff)},
-        {"name": "JITSERVE_STARVATION_DELTA", "value": repr(sched.starvationDelta)},
-        {"name": "JITSERVE_PREEMPTION", "value": sched.preemption.value},
-    ]
 
 
 def router_args(pool: str, namespace: str, spec: ServingPoolSpec, default_class: str) -> list[str]:

@@ -102,20 +102,27 @@ class ResourcesSpec(_Model):
 
 
 class PreemptionMode(StrEnum):
-    AUTO = "auto"  # the cost model picks swap or recompute per request
-    SWAP = "swap"
+    # vLLM V1 preempts only by recomputing, so there is no `swap`: a setting the engine cannot honour
+    # would be a surprise. `auto` = the engine's own mechanism (recompute today).
+    AUTO = "auto"
     RECOMPUTE = "recompute"
+    NEVER = "never"  # GMAX never preempts (vLLM still does when its KV cache is full)
 
 
 class SchedulerSpec(_Model):
     """JITServe scheduler parameters (the engine's flags; K goes to the router)."""
 
     frameSteps: int = Field(50, ge=1, le=10_000, description="Delta: decode steps per scheduling frame")
-    cutoff: float = Field(0.95, gt=0, le=1, description="p: GMAX's cutoff on the cumulative priority")
-    starvationDelta: float = Field(
-        0.0, ge=0, le=1000, description="priority added per frame a request waits (anti-starvation)"
+    cutoff: float = Field(
+        0.95, gt=0, le=1, description="p: GMAX's initial cutoff on the cumulative priority (tuned online)"
     )
-    preemption: PreemptionMode = Field(PreemptionMode.AUTO, description="auto, swap or recompute")
+    starvationDelta: float = Field(
+        8.0, ge=0, le=1000, description="goodput tokens added to a waiting request's priority per frame"
+    )
+    preemption: PreemptionMode = Field(
+        PreemptionMode.AUTO,
+        description="GMAX's preemptions: auto (the engine's mechanism: vLLM V1 recomputes), recompute, never",
+    )
     k: int | None = Field(None, ge=1, le=1024, description="router: pods sampled per request (default all)")
     maxNumSeqs: int | None = Field(
         None, ge=1, le=4096, description="B: sequences per batch (the engine's default if unset)"

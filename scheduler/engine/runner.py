@@ -52,6 +52,9 @@ class RunnerConfig:
     policy: str = "jitserve"
     frame_steps: int = 50
     batch_size: int = 8
+    cutoff: float = 0.95  # GMAX's initial p (the policy tunes it online)
+    starvation_delta: float = 8.0
+    preemption: str = "auto"  # auto | recompute | never; vLLM V1 has no swap
     classes_file: str | None = None
     default_class: str | None = None
     runtime_dir: str | None = None
@@ -69,6 +72,19 @@ class RunnerConfig:
             raise ValueError(f"frame_steps: must be >= 1, got {self.frame_steps}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+        if self.preemption not in ("auto", "recompute", "never"):
+            raise ValueError(f"preemption: must be auto, recompute or never, got {self.preemption!r}")
+
+    def gmax_overrides(self) -> dict[str, object]:
+        """GMAX parameters from the engine's flags. vLLM V1 preempts only by recomputing, so `auto`
+        prices every preemption as a recompute (a swap estimate would be a cost the engine never pays)."""
+        preemption = "recompute" if self.preemption == "auto" else self.preemption
+        return {
+            "frame_steps": self.frame_steps,
+            "cutoff": self.cutoff,
+            "starvation_delta": self.starvation_delta,
+            "preemption": preemption,
+        }
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], batch_size: int, model: str) -> RunnerConfig:
@@ -77,6 +93,9 @@ class RunnerConfig:
             policy=env.get("JITSERVE_POLICY", "jitserve"),
             frame_steps=int(env.get("JITSERVE_FRAME_STEPS", "50")),
             batch_size=batch_size,
+            cutoff=float(env.get("JITSERVE_CUTOFF", "0.95")),
+            starvation_delta=float(env.get("JITSERVE_STARVATION_DELTA", "8.0")),
+            preemption=env.get("JITSERVE_PREEMPTION", "auto"),
             classes_file=env.get("JITSERVE_CLASSES_FILE") or None,
             default_class=env.get("JITSERVE_DEFAULT_CLASS") or None,
             runtime_dir=env.get("JITSERVE_RUNTIME_DIR") or None,
@@ -158,7 +177,7 @@ class FrameRunner:
     def __init__(self, config: RunnerConfig, policy: Policy | None = None) -> None:
         self.config = config
         self.policy: Policy = policy or make_policy(
-            config.policy, config.batch_size, frame_steps=config.frame_steps
+            config.policy, config.batch_size, **config.gmax_overrides()
         )
         self.frame_steps = config.frame_steps  # KeyedPolicy baselines replan at the same cadence
         self.table = RequestTable(capacity=max(64, 4 * config.batch_size))

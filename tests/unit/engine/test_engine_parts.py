@@ -24,6 +24,7 @@ from jitserve.scheduler.engine.state import EngineState, prometheus_text, read_s
 from jitserve.scheduler.engine.xargs import XARGS_KEYS, parse_xargs
 from jitserve.scheduler.engine_cli import ADAPTER_CLS, MIDDLEWARE, add_arguments, build_command
 from jitserve.scheduler.goodput import RequestRecord
+from jitserve.scheduler.policy import GMAXPolicy
 from jitserve.scheduler.slo import PAPER_CLASSES, SLO, SLOType
 
 # ------------------------------------------------------------------------------------------- xargs
@@ -174,6 +175,35 @@ def test_engine_command_line() -> None:
     assert stock[stock.index("--scheduling-policy") + 1] == "priority" and "--dtype" not in stock
     with pytest.raises(ValueError, match="frame-steps"):
         build_command(cli_args("--model", "/m", "--frame-steps", "0"), [])
+
+
+def test_scheduler_flags_reach_the_policy() -> None:
+    """--cutoff / --starvation-delta / --preemption travel CLI -> env -> engine process -> GMAX."""
+    args = cli_args(
+        "--model", "/m", "--device", "gpu",
+        "--cutoff", "0.8", "--starvation-delta", "3", "--preemption", "never",
+    )  # fmt: skip
+    _, env = build_command(args, [])
+    policy = FrameRunner(RunnerConfig.from_env(env, batch_size=4, model="m")).policy
+    assert isinstance(policy, GMAXPolicy)
+    assert (policy.params.cutoff, policy.params.starvation_delta, policy.params.preemption) == (
+        0.8,
+        3.0,
+        "never",
+    )
+    assert policy.params.batch_size == 4
+    # defaults: vLLM V1 only recomputes, so `auto` prices preemptions as recomputes
+    _, env = build_command(cli_args("--model", "/m", "--device", "gpu"), [])
+    policy = FrameRunner(RunnerConfig.from_env(env, batch_size=4, model="m")).policy
+    assert isinstance(policy, GMAXPolicy)
+    assert (policy.params.cutoff, policy.params.starvation_delta, policy.params.preemption) == (
+        0.95, 8.0, "recompute",
+    )  # fmt: skip
+    for flag, value in (("--cutoff", "0"), ("--cutoff", "1.5"), ("--starvation-delta", "-1")):
+        with pytest.raises(ValueError, match=flag):
+            build_command(cli_args("--model", "/m", flag, value), [])
+    with pytest.raises(SystemExit):  # argparse: swap is not a choice (vLLM V1 cannot swap)
+        cli_args("--model", "/m", "--preemption", "swap")
 
 
 def test_cli_help_does_not_import_vllm() -> None:

@@ -28,7 +28,7 @@ GPU_POOL: dict[str, Any] = {
         "frameSteps": 25,
         "cutoff": 0.9,
         "starvationDelta": 0.5,
-        "preemption": "swap",
+        "preemption": "recompute",
         "k": 2,
         "maxNumSeqs": 64,
     },
@@ -145,6 +145,9 @@ def test_gpu_engine_command_resources_and_placement() -> None:
         "--served-model-name", "m",
         "--policy", "jitserve",
         "--frame-steps", "25",
+        "--cutoff", "0.9",
+        "--starvation-delta", "0.5",
+        "--preemption", "recompute",
         "--classes-file", "/etc/jitserve/classes/classes.json",
         "--default-class", "latency",
         "--max-num-seqs", "64",
@@ -152,8 +155,6 @@ def test_gpu_engine_command_resources_and_placement() -> None:
         "--tensor-parallel-size", "2",
         "--max-model-len", "4096",
     ]  # fmt: skip
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["JITSERVE_CUTOFF"] == "0.9" and env["JITSERVE_PREEMPTION"] == "swap"
     assert {"name": "classes", "mountPath": "/etc/jitserve/classes", "readOnly": True} in container[
         "volumeMounts"
     ]
@@ -277,3 +278,24 @@ def test_the_schema_check_itself_rejects_a_broken_child() -> None:
     broken["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "http"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_engine_args_are_accepted_by_the_engine_cli() -> None:
+    """The pool's scheduler settings must reach the engine's GMAX, not just the pod spec: parse the
+    operator's args with `jitserve engine`'s own parser and follow them into the engine's settings."""
+    import argparse
+
+    from jitserve.scheduler.engine.runner import RunnerConfig
+    from jitserve.scheduler.engine_cli import add_arguments, build_command
+
+    args = engine_args(ServingPoolSpec.model_validate(GPU_POOL), "latency")
+    split = args.index("--")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parsed = parser.parse_args([*args[1:split], "--device", "gpu"])
+    _, env = build_command(parsed, args[split:])
+    config = RunnerConfig.from_env(env, batch_size=parsed.max_num_seqs, model="m")
+    assert (config.frame_steps, config.cutoff, config.starvation_delta, config.preemption) == (
+        25, 0.9, 0.5, "recompute",
+    )  # fmt: skip
+    assert config.batch_size == 64 and config.default_class == "latency"
