@@ -142,11 +142,14 @@ class Proc:
             self.popen.wait()
 
 
-def spawn(name: str, cmd: list[str], port: int, log_dir: Path, health: str) -> Proc:
+def spawn(
+    name: str, cmd: list[str], port: int, log_dir: Path, health: str, env: dict[str, str] | None = None
+) -> Proc:
     import httpx
 
     log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 (the child owns it)
-    p = Proc(name, port, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    p = Proc(name, port, popen)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if p.popen.poll() is not None:
@@ -175,13 +178,28 @@ def start_backend(log_dir: Path, tokens: int, interval: float, name: str = "back
     return spawn(name, cmd, port, log_dir, "/health")
 
 
-def start_jitserve(backends: list[Proc], log_dir: Path, extra: list[str]) -> Proc:
+def start_jitserve(
+    backends: list[Proc], log_dir: Path, extra: list[str], checkout: str | None = None
+) -> Proc:
+    """`jitserve router` from this checkout, or (A/B runs) from another git checkout of the project."""
     port = free_port()
     engines = ",".join(b.url for b in backends)
     cmd = [sys.executable, "-m", "jitserve.main", "router", "--engines", engines, "--port", str(port),
            "--host", "127.0.0.1", "--log-level", "warning", *extra]  # fmt: skip
-    p = spawn("jitserve-router", cmd, port, log_dir, "/readyz")
-    return p
+    env = None
+    name = "jitserve-router"
+    if checkout is not None:
+        # `jitserve` is the checkout's cli/ folder (its __init__ adds the checkout root); a package on
+        # PYTHONPATH wins over the venv's editable finder, which maps `jitserve` to this checkout.
+        shim = log_dir / "baseline-shim"
+        shim.mkdir(parents=True, exist_ok=True)
+        link = shim / "jitserve"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(Path(checkout).resolve() / "cli", target_is_directory=True)
+        env = {**os.environ, "PYTHONPATH": str(shim)}
+        name = "jitserve-baseline"
+    return spawn(name, cmd, port, log_dir, "/readyz", env=env)
 
 
 def start_vllm_router(binary: str, backends: list[Proc], log_dir: Path) -> Proc:
@@ -375,26 +393,42 @@ def run_latency(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         jit = start_jitserve(backends, log_dir, args.router_arg or [])
         procs.append(jit)
         targets.append((jit.name, jit.url))
+        if args.baseline:
+            base = start_jitserve(backends, log_dir, args.router_arg or [], checkout=args.baseline)
+            procs.append(base)
+            targets.append((base.name, base.url))
         if args.vllm_router:
             vr = start_vllm_router(args.vllm_router, backends, log_dir)
             procs.append(vr)
             targets.append((vr.name, vr.url))
-        results = {}
         by_name = {p.name: p for p in procs}
-        for name, url in targets:
-            proc = by_name.get(name)
-            cpu0 = proc.cpu_s() if proc else 0.0
-            res = asyncio.run(constant_rate(name, url, args.rate, args.duration, args.tokens))
-            results[name] = res.summary()
-            if proc is not None and res.sent:
-                # CPU per request is robust to a busy machine, unlike latency under CPU contention
-                results[name]["router_cpu_ms_per_request"] = (proc.cpu_s() - cpu0) * 1000 / (res.sent + 50)
-        direct = results["direct"]
-        for name, r in results.items():
-            if name != "direct":
-                for m in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99"):
-                    r[f"added_{m}_ms"] = r[f"{m}_ms"] - direct[f"{m}_ms"]
-        return {"rate": args.rate, "duration_s": args.duration, "tokens": args.tokens, "results": results}
+        rounds = []
+        for i in range(args.rounds):
+            # Rounds alternate the targets, so a slow spell of a shared machine hits all of them alike.
+            results = {}
+            for name, url in targets:
+                proc = by_name.get(name)
+                cpu0 = proc.cpu_s() if proc else 0.0
+                res = asyncio.run(constant_rate(name, url, args.rate, args.duration, args.tokens))
+                results[name] = res.summary()
+                results[name]["loadavg_1m"] = os.getloadavg()[0]
+                if proc is not None and res.sent:
+                    # CPU per request is robust to a busy machine, unlike latency under CPU contention
+                    cpu_ms = (proc.cpu_s() - cpu0) * 1000 / (res.sent + 50)
+                    results[name]["router_cpu_ms_per_request"] = cpu_ms
+            direct = results["direct"]
+            for name, r in results.items():
+                if name != "direct":
+                    for m in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99"):
+                        r[f"added_{m}_ms"] = r[f"{m}_ms"] - direct[f"{m}_ms"]
+            rounds.append(results)
+            if args.rounds > 1:
+                print_latency({"rate": args.rate, "duration_s": args.duration, "tokens": args.tokens,
+                               "results": results}, title=f"round {i + 1}/{args.rounds}")  # fmt: skip
+        out = {"rate": args.rate, "duration_s": args.duration, "tokens": args.tokens, "results": rounds[-1]}
+        if args.rounds > 1:
+            out["rounds"] = rounds
+        return out
     finally:
         for p in reversed(procs):
             p.stop()
@@ -424,8 +458,9 @@ def run_memory(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     return {"streams": args.streams, "results": out}
 
 
-def print_latency(res: dict[str, Any]) -> None:
-    print(f"\nstreaming completions at {res['rate']} req/s for {res['duration_s']} s, {res['tokens']} chunks")
+def print_latency(res: dict[str, Any], title: str = "") -> None:
+    print(f"\n{title + ': ' if title else ''}streaming completions at {res['rate']} req/s for "
+          f"{res['duration_s']} s, {res['tokens']} chunks")  # fmt: skip
     print(f"{'target':18} {'ok/sent':>11} {'rps':>7} {'TTFT p50':>9} {'p99':>8} {'E2E p50':>8} {'p99':>8}"
           f" {'added TTFT p50':>15} {'p99':>7}")  # fmt: skip
     for name, r in res["results"].items():
@@ -434,6 +469,27 @@ def print_latency(res: dict[str, Any]) -> None:
               f" {r['ttft_p99_ms']:8.2f} {r['e2e_p50_ms']:8.2f} {r['e2e_p99_ms']:8.2f} {added}"
               + (f"  cpu/req={r.get('router_cpu_ms_per_request', 0):.2f} ms" if name != "direct" else "")
               + (f"  errors={r['errors']}" if r["errors"] else ""))  # fmt: skip
+
+
+def print_rounds(rounds: list[dict[str, Any]]) -> None:
+    """Medians over the rounds of each target's per-round numbers."""
+    import statistics
+
+    print(f"\nmedian of {len(rounds)} rounds (ms)")
+    print(f"{'target':18} {'added TTFT p50':>15} {'p99':>8} {'added E2E p50':>14} {'cpu/req':>8}"
+          "  added TTFT p50 per round")  # fmt: skip
+    for name in rounds[0]:
+        if name == "direct":
+            continue
+        rs = [r[name] for r in rounds]
+
+        def med(key: str, rs: list[dict[str, Any]] = rs) -> float:
+            return statistics.median(r[key] for r in rs)
+
+        each = " ".join(f"{r['added_ttft_p50_ms']:.2f}" for r in rs)
+        print(f"{name:18} {med('added_ttft_p50_ms'):15.2f} {med('added_ttft_p99_ms'):8.2f}"
+              f" {med('added_e2e_p50_ms'):14.2f} {med('router_cpu_ms_per_request'):8.2f}"
+              f"  {each}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -459,6 +515,13 @@ def main(argv: list[str] | None = None) -> int:
             "--router-arg", action="append", help="extra argument for jitserve router (repeatable)"
         )
         p.add_argument("--json", default=None, help="write results here")
+        p.add_argument(
+            "--baseline",
+            default=None,
+            help="A/B: also run `jitserve router` from this git checkout (e.g. a `git worktree` of an "
+            "older commit) as target jitserve-baseline",
+        )
+        p.add_argument("--rounds", type=int, default=1, help="latency: repeat all targets, alternating")
         p.add_argument("--log-dir", default="/tmp/bench-router-logs")
     args = parser.parse_args(argv)
     with contextlib.suppress(ImportError):  # the same fast event loop for backend and load client
@@ -473,7 +536,10 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_before": os.getloadavg()}
     if args.cmd in ("latency", "all"):
         out["latency"] = run_latency(args, log_dir)
-        print_latency(out["latency"])
+        if "rounds" in out["latency"]:
+            print_rounds(out["latency"]["rounds"])
+        else:
+            print_latency(out["latency"])
     if args.cmd in ("memory", "all"):
         out["memory"] = run_memory(args, log_dir)
         for r in out["memory"]["results"]:

@@ -38,8 +38,11 @@ class EngineSpeed:
 
     def __post_init__(self) -> None:
         for name in ("step_time", "prefill_tokens_per_s", "swap_bytes_per_s", "kv_bytes_per_token"):
-            if not np.all(np.asarray(getattr(self, name)) > 0):
-                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            # plain numbers skip numpy: placement builds one EngineSpeed per routed request
+            ok = value > 0 if isinstance(value, float | int) else np.all(np.asarray(value) > 0)
+            if not ok:
+                raise ValueError(f"{name}: must be > 0, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +90,15 @@ def analyze(
     params: GMAXParams,
     slots: np.ndarray | None = None,
     tenant_fair: np.ndarray | None = None,
-    queue_delay: float = 0.0,
+    queue_delay: float | np.ndarray = 0.0,
+    computed: np.ndarray | None = None,
 ) -> Analysis:
     """Lines 2-8 of Algorithm 1 for every slot at once.
 
     `queue_delay` shifts the start of service (the router uses it for a replica's expected wait);
-    `tenant_fair[t]` in [0, 1] is Fair(r) for tenant t (higher = more deserving).
+    `tenant_fair[t]` in [0, 1] is Fair(r) for tenant t (higher = more deserving). `computed` (one value
+    per slot) replaces the table's prefill progress: placement analyzes one request row once per
+    replica (`slots` repeats that row), each with that replica's cached prefix.
     """
     if slots is None:
         slots = table.active_slots()
@@ -104,7 +110,8 @@ def analyze(
         total = np.where(total > 0, total, table.len_ub[slots])
     total = np.maximum(total, generated + 1)
     len_rem = (total - generated).astype(np.float64)
-    prefill_rem = np.maximum(table.input_len[slots] + generated - table.computed[slots], 0)
+    done = table.computed[slots] if computed is None else computed
+    prefill_rem = np.maximum(table.input_len[slots] + generated - done, 0)
     prefill_time = prefill_rem / speed.prefill_tokens_per_s
     t_gen = len_rem * v + prefill_time + _EPS
 

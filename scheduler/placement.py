@@ -10,6 +10,7 @@ does not reject work that a shorter, still possible reply would serve on time.)
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,27 +84,32 @@ def place(
         rng = rng or np.random.default_rng()
         sampled = np.sort(rng.choice(m, size=max(k, 1), replace=False))
     n = sampled.size
-    table = RequestTable(capacity=n)
-    for i in range(n):
-        table.add(_dummy(request, i))
-    slots = table.active_slots()
-    if cached_tokens is not None:
-        cached = np.asarray([cached_tokens[j] for j in sampled], dtype=np.int64)
-        table.computed[slots] = np.minimum(cached, request.input_len)
     states = [replicas[j] for j in sampled]
     speed = EngineSpeed(
-        step_time=np.asarray([s.step_time_s for s in states]),  # type: ignore[arg-type]
-        prefill_tokens_per_s=np.asarray([s.prefill_tokens_per_s for s in states]),  # type: ignore[arg-type]
+        step_time=np.array([s.step_time_s for s in states]),  # type: ignore[arg-type]
+        prefill_tokens_per_s=np.array([s.prefill_tokens_per_s for s in states]),  # type: ignore[arg-type]
     )
-    delay = np.asarray([s.queue_delay_s for s in states])
-    an = analyze(table, now, speed, params, slots, queue_delay=delay)  # type: ignore[arg-type]
-    short_reply = False
-    if not an.feasible.any():
-        # The conservative bound sizes bandwidth; it must not reject a request that a shorter (yet
-        # possible) reply would serve on time. Reject only when even a one-token reply would be late.
-        table.len_ub[slots] = 1
-        an = analyze(table, now, speed, params, slots, queue_delay=delay)  # type: ignore[arg-type]
-        short_reply = True
+    delay = np.array([s.queue_delay_s for s in states])
+    computed = None
+    if cached_tokens is not None:
+        cached = np.array([cached_tokens[j] for j in sampled], dtype=np.int64)
+        computed = np.minimum(cached, request.input_len)
+    # One row holds the request; `slots` names it once per sampled replica, so `analyze` sees K copies
+    # (the paper's K dummies) without building a K-row table per request.
+    table = _scratch_table()
+    try:
+        slots = np.full(n, table.add(request))
+        an = analyze(table, now, speed, params, slots, queue_delay=delay, computed=computed)
+        short_reply = False
+        if not an.feasible.any():
+            # The conservative bound sizes bandwidth; it must not reject a request that a shorter (yet
+            # possible) reply would serve on time. Reject only when even a one-token reply would be late.
+            table.len_ub[slots[0]] = 1
+            an = analyze(table, now, speed, params, slots, queue_delay=delay, computed=computed)
+            short_reply = True
+    finally:
+        if request.request_id in table:  # empty again for the next call, whatever happened
+            table.remove(request.request_id)
     priority = np.where(an.feasible, an.priority, 0.0)
     if not an.feasible.any():
         return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
@@ -129,16 +135,12 @@ def place(
     return Placement(int(sampled[best[0]]), priority, sampled, reason)
 
 
-def _dummy(request: NewRequest, i: int) -> NewRequest:
-    return NewRequest(
-        request_id=f"{request.request_id}#{i}",
-        slo=request.slo,
-        arrival=request.arrival,
-        input_len=request.input_len,
-        max_tokens=request.max_tokens,
-        len_ub=request.len_ub,
-        true_len=request.true_len,
-        deadline_abs=request.deadline_abs,
-        program_goodput=request.program_goodput,
-        tenant=request.tenant,
-    )
+_scratch = threading.local()
+
+
+def _scratch_table() -> RequestTable:
+    """An empty one-row table, reused by every `place` call on this thread (no allocation per request)."""
+    table = getattr(_scratch, "table", None)
+    if table is None:
+        table = _scratch.table = RequestTable(capacity=1)
+    return table
