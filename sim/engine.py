@@ -72,6 +72,11 @@ class CallInfo:
     true_len: int
     features: tuple[float, ...] = ()  # whatever the bound function needs (see predictor.py)
     payload: object = None  # the simulator's handle, returned on completion
+    # Aborts from outside the engine (a real stack's router and client): the call is cancelled if it
+    # has no first token by `first_token_by` (the router's first-token timeout) or is not done by
+    # `abort_at` (the client's timeout). Infinite by default: the paper's setup has neither.
+    first_token_by: float = math.inf
+    abort_at: float = math.inf
 
 
 @dataclass(slots=True)
@@ -95,6 +100,7 @@ class EngineStats:
     preemptions: int = 0
     kv_preemptions: int = 0
     drops: int = 0
+    aborts: int = 0  # cancelled by the router's or client's timeout (CallInfo.first_token_by/abort_at)
     plans: int = 0
     frames: int = 0
 
@@ -140,6 +146,9 @@ class Engine:
     _speed: EngineSpeed | None = None
     _kv_cache: int = -1  # KV tokens in use; -1 = recompute
     _feats: np.ndarray = field(default_factory=lambda: np.zeros((0, 6), np.float64))
+    _first_by: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    _abort_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    _aborts: bool = False  # some call has a finite abort time
 
     def __post_init__(self) -> None:
         self._sync_capacity()
@@ -200,6 +209,9 @@ class Engine:
         self._true[slot] = info.true_len
         if info.features:
             self._feats[slot] = info.features
+        self._first_by[slot] = info.first_token_by
+        self._abort_at[slot] = info.abort_at
+        self._aborts = self._aborts or math.isfinite(info.first_token_by) or math.isfinite(info.abort_at)
         self._seg_open[slot] = -1
         if self.table.slo_type[slot] == LATENCY:
             self._segs[slot] = []
@@ -208,6 +220,8 @@ class Engine:
     def step(self, t_limit: float = math.inf) -> list[Finished]:
         """Plan if due, then run one macro step (or idle briefly). Returns finished/dropped calls."""
         out: list[Finished] = []
+        if self._aborts:
+            self._expire(out)
         self._maybe_plan(out)
         if self._running.size == 0:
             if self.busy:  # queued work the policy holds back (or KV-blocked): look again soon
@@ -216,6 +230,26 @@ class Engine:
             return out
         self._run_macro_step(t_limit, out)
         return out
+
+    def _next_abort(self) -> float:
+        slots = self.table.active_slots()
+        if slots.size == 0:
+            return math.inf
+        first = np.where(np.isnan(self._first_token[slots]), self._first_by[slots], math.inf)
+        return float(np.minimum(first, self._abort_at[slots]).min())
+
+    def _expire(self, out: list[Finished]) -> None:
+        """Cancel the calls whose router or client gave up (at the first step boundary after)."""
+        slots = self.table.active_slots()
+        if slots.size == 0:
+            return
+        late_first = np.isnan(self._first_token[slots]) & (self._first_by[slots] <= self.clock)
+        gone = slots[late_first | (self._abort_at[slots] <= self.clock)]
+        for slot in gone.tolist():
+            out.append(self._finish(slot, dropped=True))
+            self.stats.aborts += 1
+        if gone.size:
+            self._dirty = True
 
     # ------------------------------------------------------------------------------ planning
     def _maybe_plan(self, out: list[Finished]) -> None:
@@ -356,6 +390,10 @@ class Engine:
         dt0 = self.timing.step_time(dec_ctx0, chunks, pre_off0)
         if math.isfinite(t_limit) and t_limit > self.clock and self._reacts_to_arrivals():
             k = min(k, max(int(math.ceil((t_limit - self.clock) / max(dt0, 1e-9))), 1))
+        if self._aborts:  # end at the first step boundary after the next cancellation
+            t_abort = self._next_abort()
+            if math.isfinite(t_abort):
+                k = min(k, max(int(math.ceil((t_abort - self.clock) / max(dt0, 1e-9))), 1))
         per_step_growth = max(dec.size + int(chunks.sum()), 1)
         k = min(k, max(int((cfg.kv_capacity - self.kv_used) // per_step_growth), 1))
         k = max(k, 1)
@@ -533,3 +571,5 @@ class Engine:
         self._true = np.concatenate([self._true, np.zeros(grow, np.int64)])
         self._seg_open = np.concatenate([self._seg_open, np.full(grow, -1, np.int64)])
         self._feats = np.concatenate([self._feats, np.zeros((grow, 6), np.float64)])
+        self._first_by = np.concatenate([self._first_by, np.full(grow, math.inf)])
+        self._abort_at = np.concatenate([self._abort_at, np.full(grow, math.inf)])

@@ -72,6 +72,9 @@ class Profile(BaseModel):
         0.0, ge=0, description="extra per prefill token (CPU backends: not captured by the roofline)"
     )
     heterogeneity: float = Field(0.3, ge=0, le=1, description="h of the decode-attention imbalance")
+    attention_flops_factor: float = Field(
+        1.0, gt=0, description="multiplies the attention FLOPs (CPU backends: fitted, see sim/calibrate.py)"
+    )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     activation_reserve_bytes: float = Field(2e9, ge=0)
     kv_capacity_tokens: int | None = Field(None, gt=0, description="override the derived KV capacity")
@@ -140,7 +143,7 @@ class BatchTimeModel:
             bytes_per_s=profile.bytes_per_s,
             weight_bytes=profile.weight_bytes,
             params=m.params,
-            attn_flops_per_ctx=4.0 * m.layers * m.hidden,
+            attn_flops_per_ctx=4.0 * m.layers * m.hidden * profile.attention_flops_factor,
             kv_bytes_per_token=m.kv_bytes_per_token,
             heterogeneity=profile.heterogeneity,
             overhead_s=profile.step_overhead_s,

@@ -28,6 +28,7 @@ class RunConfig:
     quantile: float = 0.9
     drain_s: float = 600.0
     heterogeneity: float | None = None  # override the profile's h (ablation)
+    router_admission: bool | None = None  # override each policy's router admission (None: its own)
 
 
 def make_bounds(spec: WorkloadSpec, cfg: RunConfig, seed: int) -> LengthBounds:
@@ -107,6 +108,7 @@ def compare(
             drain_s=cfg.drain_s,
             progress=progress,
             subdeadlines=subdeadlines,
+            router_admission=cfg.router_admission,
         )
         results[name] = report(outcome)
     return results

@@ -97,12 +97,14 @@ class Cluster:
         seed: int = 0,
         engine_overrides: dict[str, object] | None = None,
         subdeadlines: Callable[[Program, int, str, float, float], float] | None = None,
+        router_admission: bool | None = None,
     ) -> None:
         self.profile = profile
         self.timing = BatchTimeModel.from_profile(profile)
         self.ctx = SimContext(profile, self.timing, tightest_tbt, seed)
         self.setups: list[PolicySetup] = [build_policy(policy_name, self.ctx) for _ in range(replicas)]
         first = self.setups[0]
+        self.admission = first.router_admission if router_admission is None else router_admission
         self.policy_name = policy_name
         self.label = first.label or policy_name
         self.placement = placement or first.placement
@@ -134,13 +136,13 @@ class Cluster:
     # ------------------------------------------------------------------------------- routing
     def route(self, req: NewRequest, now: float) -> int | None:
         n = len(self.engines)
-        if n == 1 and not self.setups[0].router_admission:
+        if n == 1 and not self.admission:
             return 0
         if self.placement == "power-of-k":
             states = [self._state(i, now) for i in range(n)]
             params = getattr(self.setups[0].policy, "params", GMAXParams(batch_size=self.ctx.batch_size))
             p = place(req, states, now, params=params)
-            if p.replica is None and self.setups[0].router_admission:
+            if p.replica is None and self.admission:
                 return None
             return p.replica if p.replica is not None else self._least_load()
         if self.placement == "round-robin":
@@ -235,8 +237,14 @@ def simulate(
     progress: Callable[[float], None] | None = None,
     engine_overrides: dict[str, object] | None = None,
     subdeadlines: Callable[[Program, int, str, float, float], float] | None = None,
+    aborts: Callable[[Program, int, Call, float], tuple[float, float]] | None = None,
+    router_admission: bool | None = None,
 ) -> SimOutcome:
-    """Run one policy over the programs; returns the raw outcome."""
+    """Run one policy over the programs; returns the raw outcome.
+
+    `aborts(program, stage, call, now)` gives a released call's (first_token_by, abort_at): when a
+    real stack's router and client give up on it (see `CallInfo`); None: never. `router_admission`
+    overrides the policy's own setting."""
     import time as _time
 
     wall0 = _time.perf_counter()
@@ -251,6 +259,7 @@ def simulate(
         seed,
         engine_overrides,
         subdeadlines,
+        router_admission,
     )
     deadline_mode = cluster.setups[0].deadlines
     states = [ProgramState(p) for p in programs]
@@ -293,7 +302,8 @@ def simulate(
                 st.records.append(RequestRecord(prog.slo, now, call.input_len, dropped=True))
                 st.pending -= 1
                 continue
-            info = CallInfo(req.request_id, call.output_len, feats, payload=(i, stage_idx, j))
+            first_by, abort_at = aborts(prog, stage_idx, call, now) if aborts else (math.inf, math.inf)
+            info = CallInfo(req.request_id, call.output_len, feats, (i, stage_idx, j), first_by, abort_at)
             engines[target].add(req, info, now)
         if st.pending == 0 and st.dropped:
             st.finish = None

@@ -112,3 +112,26 @@ def test_batch_size_limits_concurrency(flat_timing: BatchTimeModel) -> None:
     done = _run(e)
     # FCFS: the last two start only when the first two finish
     assert done["r2"].first_token > done["r0"].finish - 1e-9
+
+
+def test_router_and_client_timeouts_cancel_calls_by_hand(flat_timing: BatchTimeModel) -> None:
+    e = _engine(flat_timing, batch_size=1, token_budget=100)
+    _add(e, "a", input_len=10, output_len=50)  # prefill 20 ms, then 49 decodes of 10 ms: done 0.510
+    # b waits behind a; the router gives up on its first token at 0.1 s
+    req = NewRequest("b", SLO.latency(ttft=2.0, tbt=0.1), 0.0, 10, max_tokens=1000, true_len=5)
+    e.add(req, CallInfo("b", 5, payload="b", first_token_by=0.1), 0.0)
+    # c's client stops reading at 0.75 s: started at 0.51 (prefill to 0.53), 30 decodes would end at 0.82
+    req = NewRequest("c", SLO.latency(ttft=2.0, tbt=0.1), 0.0, 10, max_tokens=1000, true_len=30)
+    e.add(req, CallInfo("c", 30, payload="c", abort_at=0.75), 0.0)
+    done = _run(e)
+    assert not done["a"].dropped and done["a"].finish == pytest.approx(0.510)
+    assert done["b"].dropped and done["b"].output_len == 0
+    assert done["b"].finish == pytest.approx(0.1, abs=0.011)  # at the first step boundary after 0.1
+    assert done["c"].dropped and done["c"].finish == pytest.approx(0.75, abs=0.011)
+    assert 0 < done["c"].output_len < 30
+    assert e.stats.aborts == 2
+    # without timeouts nothing is cancelled
+    e2 = _engine(flat_timing, batch_size=1, token_budget=100)
+    _add(e2, "a", 10, 50)
+    _add(e2, "b", 10, 5)
+    assert not any(r.dropped for r in _run(e2).values())
