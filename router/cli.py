@@ -240,10 +240,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(FastAPI app, Router) from parsed options; discovery and watches start with the app."""
+    """(ASGI app, Router) from parsed options; discovery and watches start with the app."""
     import asyncio
 
-    from jitserve.router.app import create_app
+    from jitserve.router.app import serve_app
     from jitserve.router.auth import Keyring, keys_from_secret_data, parse_keys
     from jitserve.router.classes import ClassRegistry, table_from_configmap, table_from_file
     from jitserve.router.config import RouterConfig
@@ -303,7 +303,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         down_after=args.down_after,
     )
     router = Router(config, pool, registry, keyring)
-    background: list[Any] = [lambda: pool.run(router.client)]
+    background: list[Any] = [lambda: pool.run(router.poll_session())]
 
     if args.engines:
         urls = [u.strip() for u in args.engines.split(",") if u.strip()]
@@ -384,7 +384,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
                     w.stopped.set()
 
         background.append(start_watches)
-    app = create_app(router, background)
+    app = serve_app(router, background)
     return app, router
 
 
@@ -413,5 +413,8 @@ def run(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=5,
         # clients (and Service proxies) reuse connections; uvicorn's 5 s default races with them
         timeout_keep_alive=75,
+        # X-Forwarded-* rewriting of the client address: the router never reads it, and the middleware
+        # would scan every request's headers
+        proxy_headers=False,
     )
     return 0

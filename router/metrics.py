@@ -7,15 +7,54 @@ Names follow Prometheus conventions: `jitserve_router_` prefix, base units in th
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 # `_created` series double the exposition size and no dashboard here reads them.
 disable_created_metrics()
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0, 300.0)
 _TBT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class BulkHistogram:
+    """A histogram with one label whose `observe` takes a count: `count` observations of one value in a
+    single call. Chunks that arrive in one read are that many tokens with zero gaps; a prometheus_client
+    `Histogram` would need one `observe` (about 2 us) per token. Exposed like a `Histogram` (`_bucket`,
+    `_count`, `_sum`); updated and collected on the event loop's thread only."""
+
+    def __init__(
+        self, name: str, documentation: str, label: str, buckets: Sequence[float], registry: CollectorRegistry
+    ) -> None:
+        self.name, self.documentation, self.label = name, documentation, label
+        self._bounds = (*(float(b) for b in buckets), math.inf)
+        self._le = [floatToGoString(b) for b in self._bounds]
+        self._series: dict[str, list[float]] = {}  # label value -> count per bucket (not cumulative), sum
+        registry.register(self)
+
+    def observe(self, label: str, value: float, count: int = 1) -> None:
+        s = self._series.get(label)
+        if s is None:
+            s = self._series[label] = [0.0] * (len(self._bounds) + 1)
+        s[bisect.bisect_left(self._bounds, value)] += count  # the first bucket with value <= le
+        s[-1] += value * count
+
+    def describe(self) -> list[Metric]:
+        return [HistogramMetricFamily(self.name, self.documentation, labels=[self.label])]
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, s in list(self._series.items()):
+            cumulative = itertools.accumulate(s[:-1])
+            family.add_metric([value], list(zip(self._le, cumulative, strict=True)), s[-1])
+        yield family
 
 
 class RouterMetrics:
@@ -62,12 +101,12 @@ class RouterMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.tbt = Histogram(
+        self.tbt = BulkHistogram(
             "jitserve_router_tbt_seconds",
-            "Time between streamed chunks, by SLO class",
-            ["slo_class"],
-            buckets=_TBT_BUCKETS,
-            registry=r,
+            "Time between streamed tokens (SSE events), by SLO class",
+            "slo_class",
+            _TBT_BUCKETS,
+            r,
         )
         self.e2el = Histogram(
             "jitserve_router_e2e_latency_seconds",

@@ -2,7 +2,7 @@
 
 The decisions are the pure functions of inbound.py, admission.py, programs.py and outbound.py; this
 module is the adapter that runs them on the event loop and moves bytes with aiohttp (a tenth of httpx's
-CPU per proxied stream here, docs/decisions/router.md; the low-rate state polls use httpx). Streams are
+CPU per proxied stream here, docs/decisions/router.md; the state polls use aiohttp too). Streams are
 relayed chunk by chunk (never buffered whole); the first chunk is read before the response is committed, so a
 pod that fails before the first token is retried on another pod and a drop becomes a real HTTP error.
 """
@@ -16,15 +16,14 @@ import json
 import logging
 import math
 import re
+import secrets
 import time
-import uuid
 from array import array
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import httpx
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -83,7 +82,6 @@ class Router:
         pool: Pool,
         classes: ClassRegistry,
         keyring: Keyring,
-        client: httpx.AsyncClient | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -102,11 +100,12 @@ class Router:
         )
         self.prefixes = PrefixIndex(config.prefix_cache_entries)
         self.rng = np.random.default_rng(config.seed)
-        self.client = client or httpx.AsyncClient(timeout=config.connect_timeout_s)  # state polls
         self._session: aiohttp.ClientSession | None = None  # the data path
+        self._poll_session: aiohttp.ClientSession | None = None  # state polls (own connections)
         self.inflight = 0
         self.tenants: dict[str, int] = {}
         self._ids = itertools.count()
+        self._id_prefix = f"jr-{secrets.token_hex(6)}-"  # unique per router process; a counter follows
         self.clock = pool.clock
 
     # -- entry point ---------------------------------------------------------------------------------
@@ -141,11 +140,21 @@ class Router:
             self._session = make_session(self.config)
         return self._session
 
+    def poll_session(self) -> aiohttp.ClientSession:
+        """Connections for the state polls, apart from the data path's (created on first use)."""
+        if self._poll_session is None:
+            self._poll_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._poll_session
+
     async def aclose(self) -> None:
         self.lengths.close()
-        await self.client.aclose()
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._poll_session):
+            if session is not None:
+                await session.close()
 
     def _release_slot(self) -> None:
         self.inflight -= 1
@@ -161,7 +170,7 @@ class Router:
         self.metrics.child(self.metrics.requests, kind, slo_class).inc()
         plan = self._stage(inbound, slo_class, slo, arrival, per_stage)
         max_tokens = inbound.max_tokens or self.config.default_max_tokens
-        request_id = request.headers.get("x-request-id") or f"jr-{uuid.uuid4().hex[:16]}"
+        request_id = request.headers.get("x-request-id") or f"{self._id_prefix}{next(self._ids):x}"
         new = NewRequest(
             request_id=request_id,
             slo=slo,
@@ -450,7 +459,8 @@ class Router:
             )
         )
         try:
-            first = await asyncio.wait_for(anext(chunks), timeout=first_timeout)
+            async with asyncio.timeout(first_timeout):
+                first = await anext(chunks)
         except (StopAsyncIteration, *_RETRYABLE) as exc:
             upstream.close()
             release()
@@ -469,7 +479,7 @@ class Router:
             flight.dropped = True
             self._finish(flight, self.clock(), "waiting_time")
             return error_response(self._drop_error(flight, first), extra=_NO_RETRY)
-        state = {"reason": "client_disconnect", "closed": False}
+        state = {"reason": "client_disconnect", "closed": False, "last": False}
 
         async def close() -> None:
             # Idempotent; runs from the relay's finally, or from RelayResponse if the relay never started.
@@ -489,15 +499,22 @@ class Router:
             self._release_slot()
 
         return RelayResponse(
-            self._relay(first, chunks, flight, state, close),
+            self._relay(first, chunks, flight, state, close, upstream.content.at_eof),
             close,
+            lambda: state["last"],
             status_code=200,
             headers=headers,
             media_type=upstream.headers.get("content-type", "text/event-stream"),
         )
 
     async def _relay(
-        self, first: bytes, chunks: AsyncIterator[bytes], flight: Flight, state: dict[str, Any], close: Any
+        self,
+        first: bytes,
+        chunks: AsyncIterator[bytes],
+        flight: Flight,
+        state: dict[str, Any],
+        close: Any,
+        at_eof: Any,
     ) -> AsyncIterator[bytes]:
         try:
             chunk: bytes | None = first
@@ -513,6 +530,8 @@ class Router:
                     yield self._drop_error(flight, chunk).sse_event() + b"data: [DONE]\n\n"
                     return
                 self._tokens(flight, chunk)
+                # The engine's stream already ended (its terminating chunk is read): nothing can follow.
+                state["last"] = at_eof()
                 yield chunk
                 chunk = await anext(chunks, None)
             flight.finish = self.clock()
@@ -552,14 +571,14 @@ class Router:
             return
         now = self.clock()
         times = flight.token_times
-        tbt = self.metrics.child(self.metrics.tbt, flight.slo_class)
+        tbt = self.metrics.tbt
         if times:
-            tbt.observe(now - times[-1])
+            tbt.observe(flight.slo_class, now - times[-1])
         else:
             self.metrics.child(self.metrics.ttft, flight.slo_class).observe(now - flight.arrival)
         # Events that arrived in one read came together: their gaps are zero (one TBT per token).
-        for _ in range(events - 1):
-            tbt.observe(0.0)
+        if events > 1:
+            tbt.observe(flight.slo_class, 0.0, events - 1)
         times.extend(itertools.repeat(now, events))
         if b'"usage":{' in chunk:
             self._usage_from_sse(flight, chunk)
@@ -666,9 +685,12 @@ class RelayResponse(StreamingResponse):
     runs however it ends: finished, client gone (the watcher cancels the relay, which closes the engine
     connection so the engine aborts the request), or never started."""
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Any, **kw: Any) -> None:
+    def __init__(
+        self, content: AsyncIterator[bytes], on_close: Any, is_last: Callable[[], bool], **kw: Any
+    ) -> None:
         super().__init__(content, **kw)
         self._on_close = on_close
+        self._is_last = is_last  # true when the chunk just yielded ends the stream
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         relay = asyncio.current_task()
@@ -688,9 +710,18 @@ class RelayResponse(StreamingResponse):
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
+            ended = False
             async for chunk in body:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if ended:
+                    continue  # nothing follows the engine's end of stream; never send after the end
+                if self._is_last():
+                    # The last chunk ends the response in the same write. The response is complete
+                    # then, which the watcher would read as a disconnect: stop it first.
+                    ended = True
+                    watcher.cancel()
+                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+            if not ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -707,7 +738,13 @@ def make_session(config: RouterConfig) -> aiohttp.ClientSession:
         total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
     )
     return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+        # no cookies: one session serves every client, so an engine's Set-Cookie must not be replayed
+        # on other clients' requests (and the jar lookup costs time per request)
+        cookie_jar=aiohttp.DummyCookieJar(),
     )
 
 

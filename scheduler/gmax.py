@@ -40,7 +40,7 @@ class EngineSpeed:
         for name in ("step_time", "prefill_tokens_per_s", "swap_bytes_per_s", "kv_bytes_per_token"):
             value = getattr(self, name)
             # plain numbers skip numpy: placement builds one EngineSpeed per routed request
-            ok = value > 0 if isinstance(value, float | int) else np.all(np.asarray(value) > 0)
+            ok = value > 0 if isinstance(value, float | int) else (np.asarray(value) > 0).all()
             if not ok:
                 raise ValueError(f"{name}: must be > 0, got {value}")
 

@@ -84,12 +84,16 @@ def place(
         rng = rng or np.random.default_rng()
         sampled = np.sort(rng.choice(m, size=max(k, 1), replace=False))
     n = sampled.size
-    states = [replicas[j] for j in sampled]
-    speed = EngineSpeed(
-        step_time=np.array([s.step_time_s for s in states]),  # type: ignore[arg-type]
-        prefill_tokens_per_s=np.array([s.prefill_tokens_per_s for s in states]),  # type: ignore[arg-type]
-    )
-    delay = np.array([s.queue_delay_s for s in states])
+    # One pass over the sampled states: a column per field (floats; the integer counts stay exact).
+    step, prefill, delay, bar, occupied, batch = np.array(
+        [
+            (s.step_time_s, s.prefill_tokens_per_s, s.queue_delay_s, s.admission_priority,
+             s.running + s.waiting, s.batch_size)
+            for s in (replicas[j] for j in sampled)
+        ],
+        dtype=np.float64,
+    ).T  # fmt: skip
+    speed = EngineSpeed(step_time=step, prefill_tokens_per_s=prefill)  # type: ignore[arg-type]
     computed = None
     if cached_tokens is not None:
         cached = np.array([cached_tokens[j] for j in sampled], dtype=np.int64)
@@ -113,8 +117,7 @@ def place(
     priority = np.where(an.feasible, an.priority, 0.0)
     if not an.feasible.any():
         return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
-    has_room = np.asarray([s.running + s.waiting < s.batch_size for s in states])
-    bar = np.asarray([s.admission_priority for s in states])
+    has_room = occupied < batch
     eligible = an.feasible & (has_room | (priority >= bar))
     if eligible.any():
         score = np.where(eligible, priority, -np.inf)
@@ -130,7 +133,7 @@ def place(
     top = score.max()
     best = np.flatnonzero(score >= top - _TIE_TOLERANCE * abs(top))
     if best.size > 1:
-        load = np.asarray([(s.running + s.waiting) / s.batch_size for s in states])
+        load = occupied / batch
         best = best[np.lexsort((delay[best], load[best]))]
     return Placement(int(sampled[best[0]]), priority, sampled, reason)
 

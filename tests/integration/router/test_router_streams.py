@@ -1,0 +1,103 @@
+"""Relayed streams end cleanly, over a kept-alive connection, when the engine's whole stream arrives at once.
+
+The router sends the last chunk together with the end of the response when the engine's stream has already
+ended (one write less per stream). The benchmark's fake backend (bench/router.py) writes a whole stream,
+terminator included, in one go, so that path is taken here on every request.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from router_fakes import RunningRouter, free_port
+
+from jitserve.router.metrics import BulkHistogram
+
+ROOT = Path(__file__).resolve().parents[3]
+TOKENS = 5
+
+
+@pytest.fixture
+def one_write_backend() -> Iterator[str]:
+    port = free_port()
+    cmd = [sys.executable, str(ROOT / "bench" / "router.py"), "backend", "--port", str(port)]
+    proc = subprocess.Popen([*cmd, "--tokens", str(TOKENS)])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_streams_end_cleanly_and_count_as_finished(
+    one_write_backend: str, start_router: Callable[..., RunningRouter]
+) -> None:
+    r = start_router("--engines", one_write_backend, "--length-predictor", "max-tokens", ready=1)
+    body = {
+        "model": "bench-model",
+        "prompt": "hi",
+        "max_tokens": TOKENS,
+        "stream": True,
+        "slo_class": "best-effort",
+    }
+    n = 30
+    with httpx.Client(base_url=r.url, timeout=30) as c:  # one connection, reused after every stream
+        for _ in range(n):
+            with c.stream("POST", "/v1/completions", json=body) as resp:
+                assert resp.status_code == 200
+                text = b"".join(resp.iter_raw())
+            assert text.count(b"data: {") == TOKENS and text.endswith(b"data: [DONE]\n\n")
+
+    def metric(line: str) -> str | None:
+        found = [x for x in httpx.get(r.url + "/metrics").text.splitlines() if x.startswith(line)]
+        return found[0] if found else None
+
+    deadline = time.monotonic() + 20  # a stream's accounting runs just after its last byte went out
+    while metric('jitserve_router_finished_requests_total{slo_class="best-effort"}') != (
+        f'jitserve_router_finished_requests_total{{slo_class="best-effort"}} {float(n)}'
+    ):
+        assert time.monotonic() < deadline, metric("jitserve_router_finished_requests_total")
+        time.sleep(0.05)
+    assert metric("jitserve_router_drops_total") is None  # no stream looked like a client that left
+    tbt = metric('jitserve_router_tbt_seconds_count{slo_class="best-effort"}')
+    assert tbt == f'jitserve_router_tbt_seconds_count{{slo_class="best-effort"}} {float(n * (TOKENS - 1))}'
+    assert r.router.inflight == 0
+
+
+def test_bulk_histogram_exposes_what_repeated_observes_would() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    buckets = (0.001, 0.01, 0.1, 1.0)
+    reg_a, reg_b = CollectorRegistry(), CollectorRegistry()
+    plain = Histogram("x_seconds", "doc", ["c"], buckets=buckets, registry=reg_a)
+    bulk = BulkHistogram("x_seconds", "doc", "c", buckets, reg_b)
+    for value, count, label in [
+        (0.0, 3, "a"),
+        (0.001, 1, "a"),
+        (0.0011, 2, "b"),
+        (1.0, 1, "b"),
+        (7.5, 2, "a"),
+    ]:
+        for _ in range(count):
+            plain.labels(label).observe(value)
+        bulk.observe(label, value, count)
+    lines_a, lines_b = (sorted(generate_latest(reg).decode().splitlines()) for reg in (reg_a, reg_b))
+    assert [x for x in lines_a if "_sum" not in x] == [x for x in lines_b if "_sum" not in x]
+    sums_a, sums_b = ([float(x.split()[-1]) for x in lines if "_sum{" in x] for lines in (lines_a, lines_b))
+    assert sums_a == pytest.approx(sums_b)  # value x count vs repeated adds: rounding only
