@@ -56,6 +56,9 @@ _STOP_REASON = re.compile(rb'"stop_reason":\s*"([^"]{0,300})"')
 _NO_RETRY = {"x-should-retry": "false"}  # tells the OpenAI SDK not to retry (the SLO is already lost)
 
 
+Resolved = tuple[str, SLO, OverloadAction, float | None]  # class name, SLO, overload action, per-stage D
+
+
 @dataclass(slots=True)
 class Flight:
     """Bookkeeping of one admitted request while it runs."""
@@ -104,6 +107,9 @@ class Router:
         self._poll_session: aiohttp.ClientSession | None = None  # state polls (own connections)
         self.inflight = 0
         self.tenants: dict[str, int] = {}
+        # SLO resolution of requests that name at most a class, per class table (SLOs are immutable)
+        self._resolved: dict[tuple[str | None, int | None], Resolved] = {}
+        self._resolved_table: Any = None
         self._ids = itertools.count()
         self._id_prefix = f"jr-{secrets.token_hex(6)}-"  # unique per router process; a counter follows
         self.clock = pool.clock
@@ -202,7 +208,7 @@ class Router:
                 "model_not_found",
             )
 
-    def _resolve(self, inbound: Inbound) -> tuple[str, SLO, OverloadAction, float | None]:
+    def _resolve(self, inbound: Inbound) -> Resolved:
         table = self.classes.table
         fields = dict(inbound.slo_fields)
         if inbound.program_id is not None and not fields.keys() - {"waiting_time"}:
@@ -210,17 +216,32 @@ class Router:
             compound = sorted(n for n, s in table.classes.items() if s.type is SLOType.COMPOUND)
             if compound:
                 fields["slo_class"] = "compound" if "compound" in compound else compound[0]
+        key = None
+        if fields.keys() <= {"slo_class"} and isinstance(fields.get("slo_class", ""), str):
+            # Only a class name (or nothing): the answer depends on the class table alone.
+            if table is not self._resolved_table:
+                self._resolved.clear()
+                self._resolved_table = table
+            key = (fields.get("slo_class"), inbound.program_stages)
+            found = self._resolved.get(key)
+            if found is not None:
+                return found
+        result = self._resolve_fields(fields, table, inbound.program_stages)
+        if key is not None and len(self._resolved) < 4096:  # program_stages comes from clients: bounded
+            self._resolved[key] = result
+        return result
+
+    @staticmethod
+    def _resolve_fields(fields: dict[str, Any], table: Any, program_stages: int | None) -> Resolved:
         try:
-            name, slo = resolve_request_slo(
-                fields, table.classes, table.default_class(), inbound.program_stages or 1
-            )
+            name, slo = resolve_request_slo(fields, table.classes, table.default_class(), program_stages or 1)
         except SLOError as exc:
             code = "unknown_slo_class" if exc.field == "slo_class" else "invalid_slo"
             raise bad_request(str(exc), param=exc.field, code=code) from None
         spec = table.classes.get(name)
         overload = spec.overload if spec is not None else OverloadAction.REJECT
         per_stage = None
-        if spec is not None and spec.perStage and inbound.program_stages is None and "deadline" not in fields:
+        if spec is not None and spec.perStage and program_stages is None and "deadline" not in fields:
             per_stage = spec.deadlineSeconds
         return name, slo, overload, per_stage
 

@@ -197,3 +197,42 @@ def test_length_bounds_start_at_max_tokens_and_learn_from_finished_requests() ->
     assert (
         LengthBounds(False).bound(30, SLOType.DEADLINE, "jobs", "m", 77) == 77
     )  # --length-predictor max-tokens
+
+
+def test_slo_resolution_is_cached_per_class_table_and_follows_a_swap() -> None:
+    from jitserve.router.auth import Keyring
+    from jitserve.router.classes import ClassRegistry
+    from jitserve.router.config import RouterConfig
+    from jitserve.router.pool import Pool
+    from jitserve.router.service import Router
+
+    classes = {
+        "a": {"type": "deadline", "deadlineSeconds": 3, "default": True},
+        "s": {"type": "compound", "deadlineSeconds": 2, "perStage": True},
+    }
+    first = table_from_configmap({"classes.json": json.dumps(classes)}, None, "1")
+    registry = ClassRegistry(first)
+
+    def router() -> Router:
+        return Router(RouterConfig(length_predictor=False), Pool(), registry, Keyring())
+
+    cached = router()
+
+    def resolve(r: Router, body: dict) -> tuple:
+        return r._resolve(parse_inbound("completion", {"model": "m", "prompt": "x", **body}, {}))
+
+    bodies = [{}, {"slo_class": "a"}, {"slo_class": "s"}, {"slo_class": "s", "program_stages": 3}]
+    for body in bodies * 2:  # the second pass answers from the cache: the same as a fresh router's answer
+        assert resolve(cached, body) == resolve(router(), body)
+    assert len(cached._resolved) == len(bodies)
+    assert resolve(cached, {"slo_class": "a", "deadline": 9})[1].deadline == 9  # explicit numbers: not cached
+    assert len(cached._resolved) == len(bodies)
+    registry.replace(
+        table_from_configmap(
+            {"classes.json": json.dumps({"a": {"type": "deadline", "deadlineSeconds": 5}})}, None, "2"
+        )
+    )
+    assert resolve(cached, {"slo_class": "a"})[1].deadline == 5  # a class edit applies to the next request
+    assert resolve(cached, {})[0] == "best-effort"  # no default class any more
+    with pytest.raises(RouterError):
+        resolve(cached, {"slo_class": "s"})
