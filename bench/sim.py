@@ -91,11 +91,29 @@ def diagnose(rate: float, duration: float) -> int:
     def variant(oracle: bool, deadlines: str):  # type: ignore[no-untyped-def]
         return lambda ctx: dataclasses.replace(policies._jitserve(ctx, oracle), deadlines=deadlines)
 
+    def admission_knows(oracle_sched: bool, oracle_admission: bool):  # type: ignore[no-untyped-def]
+        def build(ctx):  # type: ignore[no-untyped-def]
+            setup = policies._jitserve(ctx, oracle_sched)
+            params = dataclasses.replace(setup.policy.params, oracle=oracle_admission)  # type: ignore[attr-defined]
+            return dataclasses.replace(setup, placement_params=params)
+
+        return build
+
     policies.FACTORIES["true-lengths"] = variant(True, "analyzer")
     policies.FACTORIES["true-subdeadlines"] = variant(False, "oracle")
+    # the router's admission and the engine's scheduling, each with and without the true lengths
+    policies.FACTORIES["oracle-admission-only"] = admission_knows(False, True)
+    policies.FACTORIES["oracle-scheduling-only"] = admission_knows(True, False)
+    policies.FACTORIES["bound-admission"] = lambda ctx: dataclasses.replace(
+        policies._jitserve(ctx, False), admit_short_reply=False
+    )
     spec = load_workload("paper-mix")
     cfg = RunConfig(rate_per_replica=rate, replicas=1, duration_s=duration, predictor="conditional")
-    runs = compare(spec, ["jitserve", "true-lengths", "true-subdeadlines", "jitserve-oracle"], cfg)
+    names = ["jitserve", "true-lengths", "true-subdeadlines", "jitserve-oracle"]
+    runs = compare(spec, [*names, "oracle-admission-only", "oracle-scheduling-only", "bound-admission"], cfg)
+    runs["no-router-admission"] = compare(
+        spec, ["jitserve"], dataclasses.replace(cfg, router_admission=False)
+    )["jitserve"]
     runs["bounds-q0.5"] = compare(spec, ["jitserve"], dataclasses.replace(cfg, quantile=0.5))["jitserve"]
     no_drop = spec.model_copy(update={"slo": spec.slo.model_copy(update={"waiting_time": 1e4})})
     runs["no-waiting-drop"] = compare(no_drop, ["jitserve"], cfg)["jitserve"]

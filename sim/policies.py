@@ -62,6 +62,10 @@ class PolicySetup:
     deadlines: str = "program"  # program | analyzer | oracle: what deadline a compound call carries
     router_admission: bool = False  # reject at the router when no replica can meet the SLO (place())
     placement: str = "least-load"  # default placement across replicas
+    placement_params: GMAXParams | None = None  # what place() analyzes with (default: the policy's params)
+    # place() admits a request that is on time only if its reply is shorter than its length bound; False
+    # rejects those too (admission by the bound: the rule place() had before the one-token fix)
+    admit_short_reply: bool = True
     label: str = ""
 
 

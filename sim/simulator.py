@@ -140,9 +140,11 @@ class Cluster:
             return 0
         if self.placement == "power-of-k":
             states = [self._state(i, now) for i in range(n)]
-            params = getattr(self.setups[0].policy, "params", GMAXParams(batch_size=self.ctx.batch_size))
+            params = self.setups[0].placement_params or getattr(
+                self.setups[0].policy, "params", GMAXParams(batch_size=self.ctx.batch_size)
+            )
             p = place(req, states, now, params=params)
-            if p.replica is None and self.admission:
+            if self.admission and (p.replica is None or self._reject_short_reply(p.reason)):
                 return None
             return p.replica if p.replica is not None else self._least_load()
         if self.placement == "round-robin":
@@ -152,6 +154,10 @@ class Cluster:
             a, b = self.rng.choice(n, size=2, replace=False) if n > 1 else (0, 0)
             return int(a) if _load(self.engines[a]) <= _load(self.engines[b]) else int(b)
         return self._least_load()
+
+    def _reject_short_reply(self, reason: str) -> bool:
+        """Admission by the length bound instead of place()'s one-token rule (`admit_short_reply`)."""
+        return not self.setups[0].admit_short_reply and reason.startswith("admitted: on time only")
 
     def _state(self, i: int, now: float) -> ReplicaState:
         """A replica's report, refreshed when it plans (a pod reports once per frame)."""

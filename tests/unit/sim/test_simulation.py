@@ -108,3 +108,24 @@ def test_conditional_bounds_cover_and_tighten() -> None:
     g = np.full(true.size, 200)
     ub = b.bounds(feats, g)
     assert np.all(ub >= 201)
+
+
+def test_router_admission_rejects_only_under_jitserve_and_by_its_rule(spec) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from jitserve.sim import policies
+
+    cfg = RunConfig(rate_per_replica=3.5, replicas=1, duration_s=60.0, predictor="conditional", drain_s=200.0)
+    on = compare(spec, ["jitserve", "sarathi"], cfg)
+    off = compare(spec, ["jitserve"], dataclasses.replace(cfg, router_admission=False))["jitserve"]
+    assert on["jitserve"].rejected > 0  # overloaded: place() finds requests nobody can serve on time
+    assert off.rejected == 0 and on["sarathi"].rejected == 0
+    policies.FACTORIES["_bound"] = lambda ctx: dataclasses.replace(
+        policies._jitserve(ctx, False), admit_short_reply=False
+    )
+    try:
+        bound = compare(spec, ["_bound"], cfg)["_bound"]
+    finally:
+        del policies.FACTORIES["_bound"]
+    # admission by the length bound also rejects what only a shorter-than-bound reply would save
+    assert bound.rejected > on["jitserve"].rejected
