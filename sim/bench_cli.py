@@ -5,7 +5,8 @@ For each policy (default: stock vLLM FCFS, then JITServe), one after the other o
 1. start the local stack (`jitserve demo`'s: engines + router) with that policy;
 2. calibrate the simulator's CPU profile on that engine as it runs now (`sim/calibrate.py`: prefill
    and decode steps measured with random-token prompts, a line fitted to them), so the simulated engine
-   is as fast as the real one is on this machine at this moment, scheduler overhead included;
+   is as fast as the real one is on this machine at this moment, scheduler overhead included; it is
+   measured again after the trace, and the simulator uses both pooled (`--calibration`);
 3. replay `jitserve demo`'s seeded trace (the first stack's saturation measurement sets the rate and
    the SLO scale; `--rate` and `--slo-scale` skip it) and stop the stack.
 
@@ -51,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     demo.add_arguments(parser)
     parser.set_defaults(mode="sequential", engines=1)
+    for action in parser._actions:  # the demo's options that mean something else here
+        if action.dest == "mode":
+            action.help = "ignored: the bench always runs one policy's stack at a time"
+        elif action.dest == "engines":
+            action.help = "engines per stack (default 1)"
     parser.add_argument("--json", dest="json_out", type=Path, help="write the sim-vs-real table here")
     parser.add_argument(
         "--record",
@@ -79,10 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the engines are compared; model: the simulator's own router admission decides",
     )
     parser.add_argument(
-        "--no-anchor",
+        "--anchor",
         action="store_true",
-        help="use the step probes' absolute times as they are (default: stretch them so the simulated "
-        "saturation throughput equals the measured one)",
+        help="stretch the step probes' times so that the simulated saturation throughput equals the one "
+        "measured before the baseline's trace (default: the probes' own times; on a machine whose load "
+        "changes, the anchor measured at another moment made both recorded runs worse)",
     )
     parser.add_argument(
         "--profile",
@@ -419,7 +426,7 @@ def compare(
     profile_name: str | None = None,
     which: str = "both",
     router: str = "replay",
-    anchor: bool = True,
+    anchor: bool = False,
 ) -> dict[str, Any]:
     """Real vs simulated metrics for every run of a record.
 
@@ -521,7 +528,7 @@ def run(args: argparse.Namespace) -> int:
             args.record.parent.mkdir(parents=True, exist_ok=True)
             args.record.write_text(json.dumps(record))
             print(f"record: {args.record}")
-    rows = compare(record, args.profile, args.calibration, args.router, not args.no_anchor)
+    rows = compare(record, args.profile, args.calibration, args.router, args.anchor)
     print(
         f"\n{len(record['jobs'])} jobs at {record['rate']:.2f}/s, SLO times x{record['slo_scale']:.2f}, "
         f"{record['engines']} engine(s) x {record['max_num_seqs']} sequences"
