@@ -389,6 +389,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import gc
     import logging
 
     import uvicorn
@@ -402,6 +403,11 @@ def run(args: argparse.Namespace) -> int:
     # uvloop and httptools are the fast paths (pyproject pulls them in); plain asyncio/h11 still work.
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    # Everything alive now (modules, the app, the class table: ~70,000 objects) lives as long as the
+    # process: keep it out of the cyclic GC's full collections, which otherwise walk it all and stall
+    # the event loop for tens of milliseconds at a time (p99) while the router churns through requests.
+    gc.collect()
+    gc.freeze()
     uvicorn.run(
         app,
         host=args.host,
