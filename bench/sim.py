@@ -5,6 +5,7 @@
     python bench/sim.py --diagnose 3.5     # where the distance from the oracle comes from
     python bench/sim.py --placements 2.5 --replicas 4 --duration 300 [--admission on|off]
     python bench/sim.py --admission-sweep 1.5,2.5,3.5 --replicas 1 --duration 600
+    python bench/sim.py --busy-rule 0.5,1.5,2.5,3.5 --duration 300 --seeds 0,1,2,3,4,5,6
 
 Writes `<out>/ratios.md` (the tables of docs/benchmarks/sim.md) and `<out>/sweep.json`.
 """
@@ -149,6 +150,40 @@ def admission_sweep(rates: list[float], duration: float, replicas: int) -> int:
     return 0
 
 
+def busy_rule(rates: list[float], duration: float, replicas: int, seeds: list[int]) -> int:
+    """place()'s rule for requests on time only with a reply shorter than the bound, on paired arrivals:
+    busy (the deployed rule: reject on replicas at least a quarter full), one-token (always admit) and
+    bound (never admit)."""
+    from jitserve.scheduler import placement
+    from jitserve.sim.runner import RunConfig, compare
+    from jitserve.sim.workload import load_workload
+
+    spec = load_workload("paper-mix")
+    deployed = placement._BUSY_SHARE
+    rules = {"busy": deployed, "one-token": float("inf"), "bound": 0.0}
+    try:
+        for rate in rates:
+            for seed in seeds:
+                for name, share in rules.items():
+                    placement._BUSY_SHARE = share
+                    cfg = RunConfig(
+                        rate_per_replica=rate,
+                        replicas=replicas,
+                        duration_s=duration,
+                        predictor="conditional",
+                        seed=seed,
+                    )
+                    rep = compare(spec, ["jitserve"], cfg)["jitserve"]
+                    print(
+                        f"rate {rate:g} seed {seed} rule {name:<9} token goodput {rep.token_goodput:8.1f}"
+                        f"  request goodput {rep.request_goodput:.3f}  rejected {rep.rejected}",
+                        flush=True,
+                    )
+    finally:
+        placement._BUSY_SHARE = deployed
+    return 0
+
+
 def placements(rate: float, duration: float, replicas: int, admission: bool | None = None) -> int:
     from jitserve.sim.runner import RunConfig, compare
     from jitserve.sim.workload import load_workload
@@ -195,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--admission-sweep", metavar="RATES", help="JITServe with and without router admission at these rates"
     )
+    parser.add_argument(
+        "--busy-rule",
+        metavar="RATES",
+        help="place()'s busy-replica rule for short-reply requests vs one-token and bound admission",
+    )
+    parser.add_argument("--seeds", default="0", help="with --busy-rule: workload seeds (paired across rules)")
     args = parser.parse_args(argv)
     if args.scale:
         return scale_run()
@@ -203,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.admission_sweep:
         rates = [float(r) for r in args.admission_sweep.split(",")]
         return admission_sweep(rates, args.duration, args.replicas)
+    if args.busy_rule:
+        rates = [float(r) for r in args.busy_rule.split(",")]
+        return busy_rule(rates, args.duration, args.replicas, [int(x) for x in args.seeds.split(",")])
     if args.placements:
         admission = None if args.admission is None else args.admission == "on"
         return placements(args.placements, args.duration, args.replicas, admission)

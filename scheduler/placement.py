@@ -4,8 +4,9 @@ The request gets K dummy copies, one per sampled replica, each analyzed with tha
 expected queueing delay and prefix-cache hit: the same `analyze` GMAX runs inside every engine. The
 request goes to the replica where its replica-specific priority clears that replica's admission bar
 and is highest. If no replica can still meet the SLO even with a one-token reply, there is no
-placement: admission rejects it. (The conservative length bound sizes bandwidth and priorities; it
-does not reject work that a shorter, still possible reply would serve on time.)
+placement: admission rejects it. A request that is on time only if its reply is shorter than its
+conservative length bound goes only to a replica that is not busy (fewer than a quarter of its batch
+running or waiting); if every sampled replica that could serve it is busy, admission rejects it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from jitserve.scheduler.gmax import EngineSpeed, GMAXParams, analyze
 from jitserve.scheduler.requests import NewRequest, RequestTable
 
 _TIE_TOLERANCE = 0.02  # priorities within 2% are a tie: the speed estimates are not that precise
+# A replica with this share of its batch (running + waiting) is busy: a request that is on time only
+# with a reply shorter than its length bound is not placed there.
+_BUSY_SHARE = 0.25
 
 
 class ClassGoodput(BaseModel):
@@ -117,8 +121,21 @@ def place(
     priority = np.where(an.feasible, an.priority, 0.0)
     if not an.feasible.any():
         return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
+    feasible = an.feasible
+    if short_reply:
+        # On time only if the reply is shorter than its bound: take it only where it costs no one else,
+        # on a replica less than a quarter full. Doomed long replies admitted onto a loaded replica hold
+        # batch slots that later arrivals would have used (docs/decisions/core.md, "Admission").
+        feasible = feasible & (occupied < _BUSY_SHARE * batch)
+        if not feasible.any():
+            return Placement(
+                None,
+                priority,
+                sampled,
+                "rejected: replica busy and the SLO needs a reply shorter than the length bound",
+            )
     has_room = occupied < batch
-    eligible = an.feasible & (has_room | (priority >= bar))
+    eligible = feasible & (has_room | (priority >= bar))
     if eligible.any():
         score = np.where(eligible, priority, -np.inf)
         reason = "admitted by replica-specific priority"
@@ -126,7 +143,7 @@ def place(
             reason = "admitted: on time only if the reply is shorter than its length bound"
     else:
         # Feasible everywhere only after a wait: queue where it ranks best against the bar.
-        score = np.where(an.feasible, priority / np.maximum(bar, 1e-12), -np.inf)
+        score = np.where(feasible, priority / np.maximum(bar, 1e-12), -np.inf)
         reason = "queued: below every replica's admission bar"
     # Near-ties (replicas with the same speed and no queue give the same priority) go to the least
     # loaded replica; without this every request would pile onto the first replica until it filled.

@@ -185,31 +185,31 @@ def replica_state(engine: Engine, now: float) -> ReplicaState:
     speed = engine.speed()
     an = plan.analysis if plan is not None else None
     running, waiting = engine.running_count, engine.waiting_count
+    # B is the batch the policy runs (GMAX's B, below max_num_seqs), as a real engine pod reports it.
+    batch = engine._policy_batch
     bar = 0.0
     committed = 0.0
     delay = 0.0
     if an is not None and an.priority.size:
         committed = float(np.minimum(an.bw, 1.0).sum())
-        if running + waiting >= cfg.batch_size and an.priority.size >= cfg.batch_size:
-            kth = np.partition(an.priority, an.priority.size - cfg.batch_size)[
-                an.priority.size - cfg.batch_size
-            ]
+        if running + waiting >= batch and an.priority.size >= batch:
+            kth = np.partition(an.priority, an.priority.size - batch)[an.priority.size - batch]
             bar = float(kth) * getattr(getattr(engine.policy, "params", None), "cutoff", 1.0)
-    if running >= cfg.batch_size:
+    if running >= batch:
         table = engine.table
         run = engine._running
         rem = np.maximum(table.len_ub[run] - table.generated[run], 1)
-        delay = float(np.min(rem)) * float(speed.step_time) * (1.0 + waiting / cfg.batch_size)
+        delay = float(np.min(rem)) * float(speed.step_time) * (1.0 + waiting / batch)
     return ReplicaState(
         pod=engine.name,
         model=engine.profile.model.name,
         step_time_s=float(speed.step_time),
         prefill_tokens_per_s=float(speed.prefill_tokens_per_s),
-        batch_size=cfg.batch_size,
+        batch_size=batch,
         running=running,
         waiting=waiting,
         committed_bandwidth=committed,
-        residual_capacity=cfg.batch_size - committed,
+        residual_capacity=batch - committed,
         admission_priority=max(bar, 0.0),
         queue_delay_s=delay,
         kv_usage=min(engine.kv_used / max(cfg.kv_capacity, 1), 1.0),

@@ -56,11 +56,37 @@ def test_unattainable_slo_has_no_placement():
     assert "no replica" in p.reason
 
 
-def test_a_short_reply_may_still_make_it():
-    # 40 bound tokens at 50 ms need 2 s, but a reply of up to ~18 tokens fits 1 s: not rejected
+def test_a_short_reply_may_still_make_it_on_an_idle_replica():
+    # 40 bound tokens at 50 ms need 2 s, but a reply of up to ~18 tokens fits 1 s: light load, admitted
     p = place(tight(deadline=1.0), [replica("a"), replica("b")], now=0.0)
     assert p.replica is not None
     assert "shorter than its length bound" in p.reason
+    # one sequence in a batch of 8 is still under a quarter: admitted
+    assert place(tight(deadline=1.0), [replica("a", running=1)], now=0.0).replica == 0
+
+
+def test_a_short_reply_is_rejected_on_a_busy_replica():
+    # the same request where the replica holds a quarter of its batch (running + waiting >= B/4)
+    for busy in (replica("a", running=2), replica("a", running=1, waiting=1), replica("a", running=8)):
+        p = place(tight(deadline=1.0), [busy], now=0.0)
+        assert p.replica is None
+        assert p.reason.startswith("rejected: replica busy")
+        assert "shorter than the length bound" in p.reason
+
+
+def test_a_short_reply_goes_to_the_idle_replica():
+    # the busy replica is faster (higher priority) but the short-reply request goes only where it is idle
+    busy = replica("a", running=4, step_time_s=0.03)
+    idle = replica("b", running=1)
+    assert place(tight(deadline=1.0), [busy, idle], now=0.0).replica == 1
+    assert place(tight(deadline=1.0), [idle, busy], now=0.0).replica == 0
+
+
+def test_a_request_on_time_with_its_bound_ignores_busyness():
+    # feasible with the full 40-token bound (3 s deadline): a busy replica with free slots still takes it
+    p = place(tight(deadline=3.0), [replica("a", running=6)], now=0.0)
+    assert p.replica == 0
+    assert p.reason == "admitted by replica-specific priority"
 
 
 def test_queueing_delay_makes_a_replica_infeasible():

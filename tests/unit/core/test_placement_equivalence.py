@@ -3,7 +3,8 @@
 `_reference_place` is `place()` as it was before its hot path was made cheap (commit d243811): it builds
 a fresh K-row `RequestTable` with one dummy copy of the request per sampled replica and runs GMAX's
 `analyze` over it. It stays here as the test's reference only; the production `place()` must return the
-same replica, priorities (bit for bit), sampled set and reason on every input.
+same replica, priorities (bit for bit), sampled set and reason on every input. (The busy-replica rule
+for short-reply requests was added to both later.)
 """
 
 from __future__ import annotations
@@ -72,16 +73,23 @@ def _reference_place(
     priority = np.where(an.feasible, an.priority, 0.0)
     if not an.feasible.any():
         return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
+    feasible = an.feasible
+    if short_reply:  # on time only with a reply shorter than the bound: only on a replica under B/4
+        idle = np.asarray([s.running + s.waiting < 0.25 * s.batch_size for s in states])
+        feasible = feasible & idle
+        if not feasible.any():
+            reason = "rejected: replica busy and the SLO needs a reply shorter than the length bound"
+            return Placement(None, priority, sampled, reason)
     has_room = np.asarray([s.running + s.waiting < s.batch_size for s in states])
     bar = np.asarray([s.admission_priority for s in states])
-    eligible = an.feasible & (has_room | (priority >= bar))
+    eligible = feasible & (has_room | (priority >= bar))
     if eligible.any():
         score = np.where(eligible, priority, -np.inf)
         reason = "admitted by replica-specific priority"
         if short_reply:
             reason = "admitted: on time only if the reply is shorter than its length bound"
     else:
-        score = np.where(an.feasible, priority / np.maximum(bar, 1e-12), -np.inf)
+        score = np.where(feasible, priority / np.maximum(bar, 1e-12), -np.inf)
         reason = "queued: below every replica's admission bar"
     top = score.max()
     best = np.flatnonzero(score >= top - _TIE_TOLERANCE * abs(top))
@@ -195,7 +203,7 @@ def test_place_matches_the_straightforward_version(block: int) -> None:
         _assert_same(got, want)
         reasons.add(want.reason)
     # the random cases reach every branch of the decision
-    assert len(reasons) == 4, reasons
+    assert len(reasons) == 5, reasons
 
 
 def test_repeated_calls_do_not_leak_state() -> None:

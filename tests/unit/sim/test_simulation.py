@@ -127,5 +127,6 @@ def test_router_admission_rejects_only_under_jitserve_and_by_its_rule(spec) -> N
         bound = compare(spec, ["_bound"], cfg)["_bound"]
     finally:
         del policies.FACTORIES["_bound"]
-    # admission by the length bound also rejects what only a shorter-than-bound reply would save
-    assert bound.rejected > on["jitserve"].rejected
+    # admission by the length bound also rejects what only a shorter-than-bound reply would save; place()
+    # does so too on a busy replica (a quarter of its batch), which under this overload is always
+    assert bound.rejected >= on["jitserve"].rejected
