@@ -232,7 +232,7 @@ def test_update_propagates_to_children(operator: Operator, kube: Any, kubectl: K
         lambda: "25" in engine()["args"] and engine(), what="new frame steps in the engine args"
     )
     assert container["args"][container["args"].index("--frame-steps") + 1] == "25"
-    assert {"name": "JITSERVE_CUTOFF", "value": "0.9"} in container["env"]
+    assert container["args"][container["args"].index("--cutoff") + 1] == "0.9"
     wait_for(
         lambda: kube.get("networking.k8s.io/v1", "NetworkPolicy", ns, "pool-engine") is None,
         what="policy removed",
