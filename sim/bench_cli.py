@@ -92,6 +92,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "changes, the anchor measured at another moment made both recorded runs worse)",
     )
     parser.add_argument(
+        "--trace-speed",
+        action="store_true",
+        help="stretch the step probes' times by the real engine's own decode steps during the trace (read "
+        "off the recorded token times; see trace_step_ratio): the simulated speed then comes from the run "
+        "being compared, so only the scheduling is validated, not the speed model",
+    )
+    parser.add_argument(
         "--profile",
         default=None,
         help=f"simulate on this profile instead of the calibration (e.g. {BASE_PROFILE}, the shipped one)",
@@ -118,9 +125,22 @@ def _job_from_json(d: dict[str, Any]) -> Any:
 
 
 def _result_from_json(d: dict[str, Any], job: Any) -> Any:
+    """A recorded real job. A call recorded as served without a single token is a drop the client did
+    not recognise (`ignore_eos`: a served call streams exactly max_tokens >= 1 tokens): the real
+    JITServe engine's waiting_time drops reached `jitserve demo`'s client as an empty, successful stream
+    (runs 1 and 3: the engine's history lacks exactly those calls). It is scored as dropped, and the
+    job's later calls, which the client then sent anyway, are left out, as after any drop."""
     from jitserve.local.demo import CallResult, JobResult
 
-    return JobResult(job, [CallResult(**c) for c in d["calls"]])
+    calls = []
+    for c, call in zip(d["calls"], job.calls, strict=False):
+        res = CallResult(**c)
+        if not res.dropped and not res.token_times and call.max_tokens > 0:
+            res.dropped, res.reason, res.finish = True, "dropped", None
+        calls.append(res)
+        if res.dropped:
+            break
+    return JobResult(job, calls)
 
 
 def kv_capacity_from_log(path: Path) -> int | None:
@@ -270,6 +290,51 @@ def stretch(profile: Any, factor: float) -> Any:
     )
 
 
+def trace_step_ratio(results: list[Any], profile: Any, gap_s: float = 0.008) -> tuple[float, int] | None:
+    """Median of (real step time / the profile's step time) over the real trace's decode-only steps.
+
+    The real engine streams one token per sequence per step, so the recorded token times of all calls,
+    clustered (gaps under `gap_s`), are its steps, with as many decoding sequences as tokens. A step
+    is decode-only if no call got its first token in it (no prefill completed there); its time is the
+    gap to the previous step (under 0.5 s: no idling in between); contexts are prompt + tokens so far.
+    Returns (ratio, steps) or None if there are too few such steps."""
+    import numpy as np
+
+    from jitserve.sim.profiles import BatchTimeModel
+
+    ev = [
+        (t, i == 0, c.input_len + i)
+        for r in results
+        for c in r.calls
+        if not c.dropped
+        for i, t in enumerate(c.token_times)
+    ]
+    if len(ev) < 20:
+        return None
+    ev.sort()
+    ts = np.asarray([e[0] for e in ev])
+    first = np.asarray([e[1] for e in ev], dtype=np.float64)
+    ctx = np.asarray([e[2] for e in ev], dtype=np.float64)
+    step = np.concatenate([[0], np.cumsum(np.diff(ts) > gap_s)])
+    start = np.asarray([ts[step == k].min() for k in range(step[-1] + 1)])
+    count = np.bincount(step)
+    firsts = np.bincount(step, weights=first)
+    mean_ctx = np.bincount(step, weights=ctx) / count
+    gap = np.diff(start)
+    ok = (firsts[1:] == 0) & (gap < 0.5)
+    if ok.sum() < 20:
+        return None
+    timing = BatchTimeModel.from_profile(profile)
+    empty = np.zeros(0, np.int64)
+    pred = np.asarray(
+        [
+            timing.step_time(np.full(int(n), c), empty, empty.astype(np.float64))
+            for n, c in zip(count[1:][ok], mean_ctx[1:][ok], strict=True)
+        ]
+    )
+    return float(np.median(gap[ok] / pred)), int(ok.sum())
+
+
 def saturation_throughput(profile: Any, tokens_per_word: tuple[float, float], seed: int = 7) -> float:
     """Output tokens/s of one simulated FCFS engine kept saturated by requests like those of
     `jitserve demo`'s saturation measurement (`demo.measure_capacity`), counted after a warm-up."""
@@ -369,7 +434,11 @@ def simulate_jobs(
         out = _simulate(programs, policy, profile, engines, horizon, aborts, admission)
     finally:
         policies.GMAX_STEP_SHARE = share
-    return [_to_job_result(st, meta[st.program.pid][0]) for st in out.programs]
+    rejected = rejected or set()
+    return [
+        _to_job_result(st, meta[st.program.pid][0], {i for k, i in rejected if k == st.program.pid})
+        for st in out.programs
+    ]
 
 
 def _simulate(
@@ -402,11 +471,12 @@ class MaxTokensBounds:
         return np.asarray(features, dtype=np.float64)[:, 0].astype(np.int64)
 
 
-def _to_job_result(st: Any, job: Any) -> Any:
+def _to_job_result(st: Any, job: Any, replayed: set[int] = frozenset()) -> Any:  # type: ignore[assignment]
+    """`replayed`: the job's calls whose real 429 the simulation replayed (scored as rejected)."""
     from jitserve.local.demo import CallResult, JobResult
 
     calls = []
-    for rec in st.records:
+    for i, rec in enumerate(st.records):
         times = [] if rec.token_times is None or rec.dropped else [float(t) for t in rec.token_times]
         calls.append(
             CallResult(
@@ -415,7 +485,7 @@ def _to_job_result(st: Any, job: Any) -> Any:
                 token_times=times,
                 finish=rec.finish,
                 dropped=rec.dropped,
-                reason="rejected" if st.rejected else ("dropped" if rec.dropped else ""),
+                reason="rejected" if st.rejected or i in replayed else ("dropped" if rec.dropped else ""),
             )
         )
     return JobResult(job, calls)
@@ -427,6 +497,7 @@ def compare(
     which: str = "both",
     router: str = "replay",
     anchor: bool = False,
+    trace_speed: bool = False,
 ) -> dict[str, Any]:
     """Real vs simulated metrics for every run of a record.
 
@@ -450,6 +521,12 @@ def compare(
             if factor is None:
                 factor = saturation_throughput(profile, tpw) / record["capacity_tokens_per_s"]
             profile = stretch(profile, factor)
+        trace_ratio = None
+        if trace_speed:
+            found = trace_step_ratio(real[policy], profile)
+            if found is not None:
+                trace_ratio = found[0]
+                profile = stretch(profile, trace_ratio)
         rejected = {
             (k, i)
             for k, r in enumerate(real[policy])
@@ -473,6 +550,7 @@ def compare(
             "sim_drops": _reasons(sim),
             "calibration": cal.summary() if cal is not None and profile_name is None else profile_name,
             "stretch": factor,
+            "trace_stretch": trace_ratio,
         }
     return rows
 
@@ -503,6 +581,9 @@ def format_rows(rows: dict[str, Any]) -> str:
         lines.append(f"{'':<14}simulated with: {row['calibration']}")
         if row.get("stretch"):
             lines.append(f"{'':<14}step times x{row['stretch']:.2f} (anchored to the saturation throughput)")
+        if row.get("trace_stretch"):
+            ratio = row["trace_stretch"]
+            lines.append(f"{'':<14}step times x{ratio:.2f} (the real engine's decode steps in this trace)")
     return "\n".join(lines)
 
 
@@ -528,7 +609,7 @@ def run(args: argparse.Namespace) -> int:
             args.record.parent.mkdir(parents=True, exist_ok=True)
             args.record.write_text(json.dumps(record))
             print(f"record: {args.record}")
-    rows = compare(record, args.profile, args.calibration, args.router, args.anchor)
+    rows = compare(record, args.profile, args.calibration, args.router, args.anchor, args.trace_speed)
     print(
         f"\n{len(record['jobs'])} jobs at {record['rate']:.2f}/s, SLO times x{record['slo_scale']:.2f}, "
         f"{record['engines']} engine(s) x {record['max_num_seqs']} sequences"

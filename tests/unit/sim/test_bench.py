@@ -54,3 +54,63 @@ def test_kv_capacity_is_read_from_the_engine_log(tmp_path) -> None:
     log.write_text("INFO [kv_cache_utils.py:2327] CPU KV cache size: 5,760 tokens, Maximum concurrency\n")
     assert bench_cli.kv_capacity_from_log(log) == 5760
     assert bench_cli.kv_capacity_from_log(tmp_path / "missing.log") is None
+
+
+def test_a_call_served_without_a_token_is_scored_as_a_drop() -> None:
+    """Runs 1 and 3: the real JITServe engine's waiting_time drops reached the client as empty,
+    successful streams. With ignore_eos a served call has max_tokens tokens, so an empty one is a drop,
+    and the calls the client sent after it do not count (it would have stopped there)."""
+    dead = demo.Job(0, "deadline", 0.0, (demo.Call("a b c", 20),))
+    comp = demo.Job(1, "compound", 0.0, (demo.Call("a b", 10), demo.Call("c d", 10)))
+    empty = {
+        "arrival": 0.0,
+        "input_len": 50,
+        "token_times": [],
+        "finish": 8.0,
+        "dropped": False,
+        "reason": "",
+    }
+    served = {"arrival": 9.0, "input_len": 50, "token_times": [9.5] * 10, "finish": 9.5, "dropped": False}
+    d = bench_cli._result_from_json({"calls": [empty]}, dead)
+    c = bench_cli._result_from_json({"calls": [empty, served]}, comp)
+    assert [(x.dropped, x.reason) for x in d.calls] == [(True, "dropped")]
+    assert len(c.calls) == 1 and c.calls[0].dropped
+    tot = demo.total(demo.score([d, c]))
+    assert (tot.goodput, tot.met, tot.dropped) == (0.0, 0, 2)
+    assert demo.drop_reasons([d, c]) == {"dropped": 2}
+    # a call with its tokens is untouched
+    ok = bench_cli._result_from_json({"calls": [served | {"arrival": 0.0}]}, comp)
+    assert not ok.calls[0].dropped and len(ok.calls[0].token_times) == 10
+
+
+def test_replayed_429s_are_reported_as_rejections(line: dict) -> None:
+    record = _record(1.5, line["samples"])
+    jobs = record["jobs"]
+    k = next(i for i, j in enumerate(jobs) if j["slo_class"] == "latency")
+    call = record["runs"]["vllm"]["results"][k]["calls"][0]
+    call.update(dropped=True, reason="rejected", token_times=[], finish=None)
+    rows = bench_cli.compare(record)
+    assert rows["vllm"]["real_drops"].get("rejected") == 1
+    assert rows["vllm"]["sim_drops"].get("rejected") == 1
+
+
+def test_trace_step_ratio_reads_the_real_steps_off_the_token_times(line: dict) -> None:
+    """Four streams decoding in lockstep at twice the profile's step time: ratio 2."""
+    import numpy as np
+
+    prof = bench_cli.sim_profile(fit(line["samples"]), None, 8)
+    from jitserve.sim.profiles import BatchTimeModel
+
+    timing = BatchTimeModel.from_profile(prof)
+    job = demo.Job(0, "latency", 0.0, (demo.Call("a", 40),))
+    results = []
+    for s in range(4):
+        t, times = 1.0, []
+        for i in range(40):
+            ctx = 100 + i
+            t += 2 * timing.step_time(np.full(4, float(ctx)), np.zeros(0, np.int64), np.zeros(0))
+            times.append(t + 0.001 * s)  # streams of one step arrive within a millisecond
+        results.append(demo.JobResult(job, [demo.CallResult(0.0, 100, times, times[-1])]))
+    ratio, steps = bench_cli.trace_step_ratio(results, prof)
+    assert steps == 39
+    assert ratio == pytest.approx(2.0, rel=0.02)
