@@ -47,6 +47,7 @@ async def _backend(port: int, tokens: int, interval: float) -> None:
         b'data: {"id":"b","object":"text_completion","created":0,"model":"' + MODEL.encode()
         + b'","choices":[{"index":0,"text":" tok","finish_reason":null}]}\n\n'
     )  # fmt: skip
+    last_event = event.replace(b'"finish_reason":null', b'"finish_reason":"length"')  # as vLLM ends streams
     models = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
 
     def chunk(data: bytes) -> bytes:
@@ -67,8 +68,8 @@ async def _backend(port: int, tokens: int, interval: float) -> None:
                     stream = b'"stream":true' in body.replace(b" ", b"")
                     if stream:
                         writer.write(SSE_HEAD)
-                        for _ in range(tokens):
-                            writer.write(chunk(event))
+                        for i in range(tokens):
+                            writer.write(chunk(last_event if i == tokens - 1 else event))
                             if interval:  # slow streams: one event per interval
                                 await writer.drain()
                                 await asyncio.sleep(interval)

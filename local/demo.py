@@ -240,7 +240,8 @@ async def _one_call(
         res.dropped, res.reason = True, "dropped" if waited else f"http {e.status_code}"
     except openai.APIError:  # an in-stream error event: the router dropped it past waiting_time
         res.dropped, res.reason = True, "dropped"
-    if not res.dropped and finish_reason == "abort":
+    # A stream without a finish reason did not finish: vLLM ends every served stream with one.
+    if not res.dropped and finish_reason in ("abort", None):
         res.dropped, res.reason = True, "dropped"
     if res.dropped:
         return res

@@ -52,6 +52,7 @@ log = logging.getLogger("jitserve.router")
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 # Failures of the engine connection: before the first token they mean "try another pod".
 _RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
+_ROLE_ONLY = b'"delta":{"role":"assistant","content":""}'  # vLLM's opening chunk of a chat stream
 _STOP_REASON = re.compile(rb'"stop_reason":\s*"([^"]{0,300})"')
 _NO_RETRY = {"x-should-retry": "false"}  # tells the OpenAI SDK not to retry (the SLO is already lost)
 
@@ -482,6 +483,11 @@ class Router:
         try:
             async with asyncio.timeout(first_timeout):
                 first = await anext(chunks)
+                if _ROLE_ONLY in first and not self._has_finish(first) and b"data: [DONE]" not in first:
+                    # A chat stream opens with its role chunk, written with the first engine output in
+                    # the same iteration: read on, so a drop (role chunk, then [DONE]) is still an
+                    # HTTP error rather than an error event in a committed 200 stream.
+                    first += await anext(chunks)
         except (StopAsyncIteration, *_RETRYABLE) as exc:
             upstream.close()
             release()
@@ -494,13 +500,14 @@ class Router:
             flight.dropped = True
             self._finish(flight, self.clock(), "waiting_time")
             return error_response(self._drop_error(flight), extra=_NO_RETRY)
-        if self._is_drop(first) and not self._events_before_drop(first):
+        dropped_at_once = self._is_drop(first) and not self._events_before_drop(first)
+        if dropped_at_once or self._ended_unfinished(first):
             upstream.close()
             release()
             flight.dropped = True
             self._finish(flight, self.clock(), "waiting_time")
             return error_response(self._drop_error(flight, first), extra=_NO_RETRY)
-        state = {"reason": "client_disconnect", "closed": False, "last": False}
+        state = {"reason": "client_disconnect", "closed": False, "last": False, "finished": False}
 
         async def close() -> None:
             # Idempotent; runs from the relay's finally, or from RelayResponse if the relay never started.
@@ -550,6 +557,17 @@ class Router:
                         yield kept
                     yield self._drop_error(flight, chunk).sse_event() + b"data: [DONE]\n\n"
                     return
+                state["finished"] = state["finished"] or self._has_finish(chunk)
+                if not state["finished"] and self._ended_unfinished(chunk):
+                    # Dropped before its first token: vLLM writes no finish chunk then (only the chat
+                    # role chunk was relayed), so without this the client would see an empty success.
+                    flight.dropped = True
+                    state["reason"] = "waiting_time"
+                    kept = self._events_before_drop(chunk)
+                    if kept:
+                        yield kept
+                    yield self._drop_error(flight, chunk).sse_event() + b"data: [DONE]\n\n"
+                    return
                 self._tokens(flight, chunk)
                 # The engine's stream already ended (its terminating chunk is read): nothing can follow.
                 state["last"] = at_eof()
@@ -576,6 +594,17 @@ class Router:
         """The SSE events of `chunk` other than the drop (abort) event and [DONE]."""
         kept = [e for e in chunk.split(b"\n\n") if e.strip() and not self._is_drop(e) and b"[DONE]" not in e]
         return b"\n\n".join(kept) + b"\n\n" if kept else b""
+
+    @staticmethod
+    def _has_finish(chunk: bytes) -> bool:
+        """Whether a choice in `chunk` carries a finish_reason (vLLM ends every finished stream so)."""
+        return b'"finish_reason":"' in chunk or b'"finish_reason": "' in chunk
+
+    def _ended_unfinished(self, chunk: bytes) -> bool:
+        """The stream ends ([DONE]) and no choice in `chunk` finished: vLLM's stream of a request its
+        engine aborted before generating a token (it skips empty outputs, the abort's included). The
+        JITServe engine aborts only requests past their waiting_time, so this is that drop."""
+        return b"data: [DONE]" in chunk and not self._has_finish(chunk)
 
     def _is_drop(self, chunk: bytes) -> bool:
         if b'"finish_reason":"' not in chunk and b'"finish_reason": "' not in chunk:

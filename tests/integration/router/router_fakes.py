@@ -77,7 +77,8 @@ class FakeEngine:
     state: dict[str, Any] | None = None  # None: no /jitserve/state (404), like plain vLLM
     tokens: int = 4  # tokens per response (capped by max_tokens)
     token_delay_s: float = 0.0
-    # ok | drop (finish_reason abort before any token, as the JITServe engine drops past waiting_time)
+    # ok | drop (aborted before any token, as the JITServe engine drops past waiting_time: finish_reason
+    # abort when not streaming, no finish chunk at all when streaming, exactly as vLLM answers)
     # | drop_after_first (one token, then abort) | fail (500 before any token)
     mode: str = "ok"
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -159,6 +160,14 @@ class FakeEngine:
             )
 
         async def events() -> AsyncIterator[bytes]:
+            if self.mode == "drop":
+                # What vLLM (0.32/0.33) streams for a request its engine aborts before any token: it
+                # skips empty outputs, the abort's included, so there is no finish chunk; chat streams
+                # open with the role chunk first.
+                if chat:
+                    yield _role_event(rid, body.get("model"))
+                yield b"data: [DONE]\n\n"
+                return
             for i in range(n):
                 await asyncio.sleep(self.token_delay_s)
                 last = i == n - 1 and finish != "abort"
@@ -201,6 +210,18 @@ class FakeEngine:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._server = None
+
+
+def _role_event(rid: str, model: Any) -> bytes:
+    choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+    payload = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": model,
+        "choices": [choice],
+    }
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _event(rid: str, chat: bool, text: str, finish: str | None, model: Any) -> bytes:

@@ -129,16 +129,27 @@ def test_a_request_dropped_by_the_engine_gets_a_clear_error(
     a, b = fake_engines
     a.mode = b.mode = "drop"
     r = start_router("--engines", f"{a.url},{b.url}", ready=2)
-    for stream in (False, True):
-        with pytest.raises(openai.APIStatusError) as info:
-            out = client(r).completions.create(model=MODEL, prompt="x", max_tokens=4, stream=stream)
-            list(out) if stream else None
-        assert info.value.status_code == 503
-        assert info.value.code == "waiting_time_exceeded"
-        assert (
-            "waiting_time" in info.value.message
-            and "jitserve: waiting_time 5s exceeded" in info.value.message
-        )
+
+    def call(chat: bool, stream: bool) -> None:
+        c = client(r)
+        if chat:
+            out = c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=4, stream=stream)
+        else:
+            out = c.completions.create(model=MODEL, prompt="x", max_tokens=4, stream=stream)
+        if stream:
+            list(out)
+
+    for chat in (False, True):
+        for stream in (False, True):
+            with pytest.raises(openai.APIStatusError) as info:
+                call(chat, stream)
+            assert info.value.status_code == 503
+            assert info.value.code == "waiting_time_exceeded"
+            assert "not started within its waiting_time" in info.value.message
+            if not stream:  # vLLM's streams carry no stop_reason for a request dropped before any token
+                assert "jitserve: waiting_time 5s exceeded" in info.value.message
+    metrics = httpx.get(r.url + "/metrics").text
+    assert 'jitserve_router_drops_total{reason="waiting_time",slo_class="best-effort"} 4.0' in metrics
 
 
 def test_a_drop_after_the_stream_began_is_an_in_stream_error_event(

@@ -103,6 +103,31 @@ def test_errors_surface_as_sdk_exceptions_before_reaching_an_engine(real) -> Non
     assert {x["request_id"] for e in engines for x in recent(e)} <= before  # no engine saw any of them
 
 
+def test_a_request_the_engine_drops_is_an_error_not_an_empty_answer(real) -> None:
+    """vLLM streams no finish chunk for a request its engine aborts before any token (a chat stream has
+    only its role chunk, then [DONE]); the router must turn that into the waiting_time error, not relay
+    an empty success. A waiting_time shorter than the trip to the scheduler makes the drop certain;
+    the router's own first-token timeout (waiting_time + 5 s grace) is far later."""
+    r, c, engines = real
+    model = engines[0].model_name
+    slo = {"deadline": 60, "waiting_time": 0.001}
+    calls = {
+        "chat": lambda: c.chat.completions.create(
+            model=model, messages=MSG, max_tokens=16, stream=True, extra_body=slo
+        ),
+        "completion": lambda: c.completions.create(
+            model=model, prompt="too late", max_tokens=16, stream=True, extra_body=slo
+        ),
+    }
+    for name, call in calls.items():
+        with pytest.raises(openai.APIStatusError) as info:
+            list(call())
+        assert info.value.status_code == 503, name
+        assert info.value.code == "waiting_time_exceeded", name
+    dropped = [x for e in engines for x in recent(e) if x.get("waiting_time_s") == 0.001]
+    assert len(dropped) >= 2 and all(x["outcome"] == "dropped" for x in dropped)
+
+
 # Placement away from a loaded pod is tested with fake engines (tests/integration/router/
 # test_router_placement.py): a real tiny-model engine on 2 cores cannot be held loaded reliably
 # from a test (docs/decisions/engine.md).
