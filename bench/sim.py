@@ -106,7 +106,7 @@ def diagnose(rate: float, duration: float) -> int:
     policies.FACTORIES["oracle-admission-only"] = admission_knows(False, True)
     policies.FACTORIES["oracle-scheduling-only"] = admission_knows(True, False)
     policies.FACTORIES["bound-admission"] = lambda ctx: dataclasses.replace(
-        policies._jitserve(ctx, False), admit_short_reply=False
+        policies._jitserve(ctx, False), busy_share=0.0
     )
     spec = load_workload("paper-mix")
     cfg = RunConfig(rate_per_replica=rate, replicas=1, duration_s=duration, predictor="conditional")
@@ -154,33 +154,35 @@ def busy_rule(rates: list[float], duration: float, replicas: int, seeds: list[in
     """place()'s rule for requests on time only with a reply shorter than the bound, on paired arrivals:
     busy (the deployed rule: reject on replicas at least a quarter full), one-token (always admit) and
     bound (never admit)."""
-    from jitserve.scheduler import placement
+    import dataclasses
+
+    from jitserve.scheduler.placement import BUSY_SHARE
+    from jitserve.sim import policies
     from jitserve.sim.runner import RunConfig, compare
     from jitserve.sim.workload import load_workload
 
     spec = load_workload("paper-mix")
-    deployed = placement._BUSY_SHARE
-    rules = {"busy": deployed, "one-token": float("inf"), "bound": 0.0}
-    try:
-        for rate in rates:
-            for seed in seeds:
-                for name, share in rules.items():
-                    placement._BUSY_SHARE = share
-                    cfg = RunConfig(
-                        rate_per_replica=rate,
-                        replicas=replicas,
-                        duration_s=duration,
-                        predictor="conditional",
-                        seed=seed,
-                    )
-                    rep = compare(spec, ["jitserve"], cfg)["jitserve"]
-                    print(
-                        f"rate {rate:g} seed {seed} rule {name:<9} token goodput {rep.token_goodput:8.1f}"
-                        f"  request goodput {rep.request_goodput:.3f}  rejected {rep.rejected}",
-                        flush=True,
-                    )
-    finally:
-        placement._BUSY_SHARE = deployed
+    rules = {"busy": BUSY_SHARE, "one-token": float("inf"), "bound": 0.0}
+    for name, share in rules.items():
+        policies.FACTORIES[f"rule-{name}"] = lambda ctx, s=share: dataclasses.replace(
+            policies._jitserve(ctx, False), busy_share=s
+        )
+    for rate in rates:
+        for seed in seeds:
+            cfg = RunConfig(
+                rate_per_replica=rate,
+                replicas=replicas,
+                duration_s=duration,
+                predictor="conditional",
+                seed=seed,
+            )
+            for name in rules:  # one rule per run: each on the same arrivals, as before
+                rep = compare(spec, [f"rule-{name}"], cfg)[f"rule-{name}"]
+                print(
+                    f"rate {rate:g} seed {seed} rule {name:<9} token goodput {rep.token_goodput:8.1f}"
+                    f"  request goodput {rep.request_goodput:.3f}  rejected {rep.rejected}",
+                    flush=True,
+                )
     return 0
 
 

@@ -22,8 +22,9 @@ from jitserve.scheduler.requests import NewRequest, RequestTable
 
 _TIE_TOLERANCE = 0.02  # priorities within 2% are a tie: the speed estimates are not that precise
 # A replica with this share of its batch (running + waiting) is busy: a request that is on time only
-# with a reply shorter than its length bound is not placed there.
-_BUSY_SHARE = 0.25
+# with a reply shorter than its length bound is not placed there. 0 = admit only by the bound;
+# inf = admit whatever a one-token reply could serve (studies: bench/sim.py --busy-rule).
+BUSY_SHARE = 0.25
 
 
 class ClassGoodput(BaseModel):
@@ -77,6 +78,7 @@ def place(
     cached_tokens: list[int] | None = None,
     rng: np.random.Generator | None = None,
     params: GMAXParams = GMAXParams(),
+    busy_share: float = BUSY_SHARE,
 ) -> Placement:
     """Power-of-K over replica-specific priorities. `k=None` samples every replica (K = M)."""
     m = len(replicas)
@@ -126,7 +128,7 @@ def place(
         # On time only if the reply is shorter than its bound: take it only where it costs no one else,
         # on a replica less than a quarter full. Doomed long replies admitted onto a loaded replica hold
         # batch slots that later arrivals would have used (docs/decisions/core.md, "Admission").
-        feasible = feasible & (occupied < _BUSY_SHARE * batch)
+        feasible = feasible & (occupied < busy_share * batch)
         if not feasible.any():
             return Placement(
                 None,

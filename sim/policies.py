@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jitserve.scheduler.gmax import GMAXParams
+from jitserve.scheduler.placement import BUSY_SHARE
 from jitserve.scheduler.policy import EDFPolicy, FCFSPolicy, GMAXPolicy, Policy, SJFPolicy, oracle_policy
 from jitserve.sim.profiles import BatchTimeModel, Profile
 
@@ -63,9 +64,9 @@ class PolicySetup:
     router_admission: bool = False  # reject at the router when no replica can meet the SLO (place())
     placement: str = "least-load"  # default placement across replicas
     placement_params: GMAXParams | None = None  # what place() analyzes with (default: the policy's params)
-    # place() admits a request that is on time only if its reply is shorter than its length bound; False
-    # rejects those too (admission by the bound: the rule place() had before the one-token fix)
-    admit_short_reply: bool = True
+    # place()'s busy share for requests on time only with a reply shorter than the bound (0: admission
+    # by the bound, inf: whatever a one-token reply could serve)
+    busy_share: float = BUSY_SHARE
     label: str = ""
 
 

@@ -143,8 +143,8 @@ class Cluster:
             params = self.setups[0].placement_params or getattr(
                 self.setups[0].policy, "params", GMAXParams(batch_size=self.ctx.batch_size)
             )
-            p = place(req, states, now, params=params)
-            if self.admission and (p.replica is None or self._reject_short_reply(p.reason)):
+            p = place(req, states, now, params=params, busy_share=self.setups[0].busy_share)
+            if self.admission and p.replica is None:
                 return None
             return p.replica if p.replica is not None else self._least_load()
         if self.placement == "round-robin":
@@ -154,10 +154,6 @@ class Cluster:
             a, b = self.rng.choice(n, size=2, replace=False) if n > 1 else (0, 0)
             return int(a) if _load(self.engines[a]) <= _load(self.engines[b]) else int(b)
         return self._least_load()
-
-    def _reject_short_reply(self, reason: str) -> bool:
-        """Admission by the length bound instead of place()'s one-token rule (`admit_short_reply`)."""
-        return not self.setups[0].admit_short_reply and reason.startswith("admitted: on time only")
 
     def _state(self, i: int, now: float) -> ReplicaState:
         """A replica's report, refreshed when it plans (a pod reports once per frame)."""

@@ -121,7 +121,7 @@ def test_router_admission_rejects_only_under_jitserve_and_by_its_rule(spec) -> N
     assert on["jitserve"].rejected > 0  # overloaded: place() finds requests nobody can serve on time
     assert off.rejected == 0 and on["sarathi"].rejected == 0
     policies.FACTORIES["_bound"] = lambda ctx: dataclasses.replace(
-        policies._jitserve(ctx, False), admit_short_reply=False
+        policies._jitserve(ctx, False), busy_share=0.0
     )
     try:
         bound = compare(spec, ["_bound"], cfg)["_bound"]
