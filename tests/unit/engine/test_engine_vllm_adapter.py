@@ -36,7 +36,8 @@ CLASSES = {
 
 @pytest.fixture
 def jit_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The JITSERVE_* environment `jitserve engine` gives the engine process."""
+    """The JITSERVE_* environment `jitserve engine` gives the engine process. Set here (not mocked):
+    the real scheduler class runs in this process, which is not started by `jitserve engine`."""
     classes = tmp_path / "classes.json"
     classes.write_text(json.dumps(CLASSES))
     monkeypatch.setenv("JITSERVE_CLASSES_FILE", str(classes))
