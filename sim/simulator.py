@@ -41,6 +41,7 @@ class ProgramState:
     rejected: bool = False  # by router admission
     first_token: float | None = None
     done_goodput: float = 0.0  # weighted tokens of finished calls (compound)
+    stage_released: float = 0.0  # when the current stage's calls were sent (their arrival)
 
 
 @dataclass(slots=True)
@@ -81,6 +82,15 @@ def sub_deadline(program: Program, stage: int, mode: str, v_token: float, prefil
         # `expected_stages` stages of equal time; past them the whole deadline applies.
         phi = min(1.0, (stage + 1) / max(program.expected_stages, 1.0))
     return program.arrival + phi * d
+
+
+def router_stage_guard(deadline: float, program: Program, stage: int, now: float) -> float:
+    """The router's guard on a stage's sub-deadline (`router/programs.py`): never less than an even
+    split of what is left of the program's deadline over its remaining stages, never past that
+    deadline. A stage that starts late keeps a reachable deadline while the program still can be."""
+    end = program.arrival + float(program.slo.deadline or 0.0)
+    n_left = max(math.ceil(program.expected_stages) - stage, 1)
+    return min(max(deadline, now + max(end - now, 0.0) / n_left), end)
 
 
 class Cluster:
@@ -280,8 +290,11 @@ def simulate(
         prog = st.program
         stage = prog.stages[stage_idx]
         st.stage = stage_idx
+        st.stage_released = now
         st.pending = len(stage.calls)
         deadline = cluster._subdeadline(prog, stage_idx, deadline_mode, cluster.v_token, cluster.prefill_rate)
+        if prog.slo_type is SLOType.COMPOUND and prog.slo.deadline is not None:
+            deadline = router_stage_guard(deadline, prog, stage_idx, now)
         share = st.done_goodput / max(len(stage.calls), 1)
         for j, call in enumerate(stage.calls):
             feats = call_features(call, prog)
@@ -317,10 +330,14 @@ def simulate(
         call = prog.stages[stage_idx].calls[_j]
         times = rec.token_times
         if times is None:
-            times = np.broadcast_to(np.float64(rec.finish), (rec.output_len,))
+            # per-token times are kept for latency requests only; the others get their first token and
+            # every later one at the finish (what deadline scoring reads, and TTFT)
+            times = np.full(rec.output_len, np.float64(rec.finish))
+            if rec.first_token is not None and times.size:
+                times[0] = rec.first_token
         record = RequestRecord(
             prog.slo,
-            prog.arrival if prog.slo_type is not SLOType.COMPOUND else prog.arrival,
+            st.stage_released,  # the call's own arrival: a later stage's is its release, not the program's
             call.input_len,
             token_times=times,
             finish=None if rec.dropped else rec.finish,

@@ -25,7 +25,9 @@ def _record(rate: float, samples: list) -> dict:
     empty = [demo.JobResult(j) for j in jobs]
     for policy in ("vllm", "jitserve"):
         prof = bench_cli.sim_profile(cal, None, 8)
-        sim = bench_cli.simulate_jobs(jobs, [empty], 1.0, policy, prof, 1, policy == "jitserve")
+        sim = bench_cli.simulate_jobs(
+            jobs, [empty], 1.0, policy, prof, 1, policy == "jitserve", hop_s=cal.http_s
+        )
         record["runs"][policy] = {
             "calibration": cal.to_json(),
             "results": [{"calls": [c.__dict__ for c in r.calls]} for r in sim],
@@ -94,23 +96,48 @@ def test_replayed_429s_are_reported_as_rejections(line: dict) -> None:
     assert rows["vllm"]["sim_drops"].get("rejected") == 1
 
 
-def test_trace_step_ratio_reads_the_real_steps_off_the_token_times(line: dict) -> None:
-    """Four streams decoding in lockstep at twice the profile's step time: ratio 2."""
+def _lockstep_calls(prof: object, slowdown: float) -> list[demo.CallResult]:
+    """Four streams decoding in lockstep, each step `slowdown` times the profile's step time."""
     import numpy as np
 
-    prof = bench_cli.sim_profile(fit(line["samples"]), None, 8)
     from jitserve.sim.profiles import BatchTimeModel
 
     timing = BatchTimeModel.from_profile(prof)
-    job = demo.Job(0, "latency", 0.0, (demo.Call("a", 40),))
-    results = []
+    calls = []
     for s in range(4):
         t, times = 1.0, []
         for i in range(40):
             ctx = 100 + i
-            t += 2 * timing.step_time(np.full(4, float(ctx)), np.zeros(0, np.int64), np.zeros(0))
+            t += slowdown * timing.step_time(np.full(4, float(ctx)), np.zeros(0, np.int64), np.zeros(0))
             times.append(t + 0.001 * s)  # streams of one step arrive within a millisecond
-        results.append(demo.JobResult(job, [demo.CallResult(0.0, 100, times, times[-1])]))
-    ratio, steps = bench_cli.trace_step_ratio(results, prof)
+        calls.append(demo.CallResult(0.0, 100, times, times[-1]))
+    return calls
+
+
+def test_trace_step_ratio_reads_the_real_steps_off_the_token_times(line: dict) -> None:
+    prof = bench_cli.sim_profile(fit(line["samples"]), None, 8)
+    ratio, steps = bench_cli.trace_step_ratio(_lockstep_calls(prof, 2.0), prof)
     assert steps == 39
     assert ratio == pytest.approx(2.0, rel=0.02)
+
+
+def test_the_calibration_trace_sets_the_simulated_speed(line: dict) -> None:
+    """A recorded calibration trace whose steps ran 1.5x the probes' time slows the simulated engine by
+    1.5x (fewer tokens on time under load); `--speed probes` ignores it."""
+    from dataclasses import asdict
+
+    record = _record(2.0, line["samples"])
+    prof = bench_cli.sim_profile(fit(line["samples"]), None, 8)
+    calls = [asdict(c) for c in _lockstep_calls(prof, 1.5)]
+    for run in record["runs"].values():
+        run["speed_trace"] = {"seconds": 30.0, "calls": calls}
+    traced = bench_cli.compare(record)
+    probes = bench_cli.compare(record, speed="probes")
+    for policy in ("vllm", "jitserve"):
+        assert traced[policy]["trace_stretch"] == pytest.approx(1.5, rel=0.02)
+        assert "calibration trace" in traced[policy]["speed_from"]
+        assert probes[policy]["trace_stretch"] is None
+        assert probes[policy]["speed_from"] == "the step probes"
+        # the "real" side is the probes' own simulation: only the stretched simulation moves
+        assert probes[policy]["sim"]["goodput"] == pytest.approx(probes[policy]["real"]["goodput"])
+        assert traced[policy]["sim"]["goodput"] < probes[policy]["sim"]["goodput"]
