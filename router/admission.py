@@ -13,7 +13,8 @@ from enum import StrEnum
 
 import numpy as np
 
-from jitserve.scheduler.placement import ReplicaState, place
+from jitserve.scheduler.gmax import GMAXParams
+from jitserve.scheduler.placement import BUSY_SHARE, ReplicaState, place
 from jitserve.scheduler.requests import NewRequest
 from jitserve.scheduler.slo import SLO, OverloadAction, SLOClassSpec
 
@@ -63,15 +64,29 @@ def decide(
     k: int | None = None,
     cached_tokens: list[int] | None = None,
     rng: np.random.Generator | None = None,
+    params: GMAXParams = GMAXParams(),
+    busy_share: float = BUSY_SHARE,
 ) -> Decision:
-    """Admit on the best replica, downgrade, or reject. `states` must be non-empty."""
-    p = place(request, states, now, k=k, cached_tokens=cached_tokens, rng=rng)
+    """Admit on the best replica, downgrade, or reject. `states` must be non-empty. `params` and
+    `busy_share` go to `place()` (the simulator studies them; the router runs the defaults)."""
+    p = place(
+        request, states, now, k=k, cached_tokens=cached_tokens, rng=rng, params=params, busy_share=busy_share
+    )
     if p.replica is not None:
         return Decision(Action.ADMIT, p.replica, request, slo_class, p.reason)
     if overload is OverloadAction.DOWNGRADE and request.slo.type.value != BEST_EFFORT:
         name, slo = best_effort_slo(classes, request.slo.waiting_time)
         downgraded = dataclasses.replace(request, slo=slo, deadline_abs=None, program_goodput=0.0)
-        p2 = place(downgraded, states, now, k=k, cached_tokens=cached_tokens, rng=rng)
+        p2 = place(
+            downgraded,
+            states,
+            now,
+            k=k,
+            cached_tokens=cached_tokens,
+            rng=rng,
+            params=params,
+            busy_share=busy_share,
+        )
         if p2.replica is not None:
             return Decision(Action.DOWNGRADE, p2.replica, downgraded, name, f"downgraded: {p.reason}")
     return Decision(Action.REJECT, None, request, slo_class, p.reason, retry_after(states))

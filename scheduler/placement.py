@@ -63,6 +63,41 @@ class ReplicaState(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """The queue-dependent part of a replica's report (`ReplicaState`)."""
+
+    committed_bandwidth: float  # sum of bw over the feasible queued requests
+    admission_priority: float  # cutoff x the B-th highest feasible priority; 0 while a slot is free
+    queue_delay_s: float  # queued work ahead of a newcomer, spread over B slots
+
+
+def replica_load(
+    table: RequestTable,
+    now: float,
+    speed: EngineSpeed,
+    batch_size: int,
+    cutoff: float,
+    running: int,
+    waiting: int,
+) -> ReplicaLoad:
+    """What a replica reports of its queue: the engine pod and the simulated replica both call this,
+    so the router's placement sees the same numbers from either."""
+    committed, admission, delay = 0.0, 0.0, 0.0
+    slots = table.active_slots()
+    if slots.size:
+        an = analyze(table, now, speed, GMAXParams(batch_size=batch_size), slots)
+        committed = float(an.bw[an.feasible].sum())
+        if running + waiting >= batch_size:
+            pri = np.sort(an.priority[an.feasible])[::-1]
+            if pri.size >= batch_size:
+                admission = cutoff * float(pri[batch_size - 1])
+            # Queued work ahead of a newcomer, spread over B slots: its expected wait.
+            ahead = running + waiting - batch_size + 1
+            delay = max(ahead, 0) * float(an.t_gen.mean()) / batch_size
+    return ReplicaLoad(committed, max(admission, 0.0), delay)
+
+
+@dataclass(frozen=True, slots=True)
 class Placement:
     replica: int | None  # index into the replicas given; None: no replica can meet the SLO
     priorities: np.ndarray  # replica-specific priority per sampled replica (0 where infeasible)

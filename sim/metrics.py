@@ -23,7 +23,7 @@ class Report:
     requests_met: int
     attainment: dict[str, float]  # share of requests meeting the SLO, per type
     token_attainment: float  # goodput / the goodput of perfect service
-    throughput_tokens_per_s: float  # output tokens per busy... per second of the run
+    throughput_tokens_per_s: float  # output tokens per second of the run
     throughput_total_tokens_per_s: float  # prefill + output tokens per second
     ttft_p50: float | None
     ttft_p95: float | None

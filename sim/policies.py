@@ -9,6 +9,7 @@ configuration (docs/decisions/sim.md, "Baselines").
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from jitserve.scheduler.gmax import GMAXParams
 from jitserve.scheduler.placement import BUSY_SHARE
 from jitserve.scheduler.policy import EDFPolicy, FCFSPolicy, GMAXPolicy, Policy, SJFPolicy, oracle_policy
+from jitserve.scheduler.slo import OverloadAction
 from jitserve.sim.profiles import BatchTimeModel, Profile
 
 GMAX_STEP_SHARE = float(os.environ.get("JITSERVE_SIM_GMAX_STEP_SHARE", "0.3"))
@@ -67,6 +69,9 @@ class PolicySetup:
     # place()'s busy share for requests on time only with a reply shorter than the bound (0: admission
     # by the bound, inf: whatever a one-token reply could serve)
     busy_share: float = BUSY_SHARE
+    # what the router does with a request no replica can serve on time: reject (429) or downgrade to
+    # best-effort (every class's `overload` setting; scoring still holds it to its own SLO)
+    overload: OverloadAction = OverloadAction.REJECT
     label: str = ""
 
 
@@ -77,8 +82,8 @@ def _jitserve(ctx: SimContext, oracle: bool) -> PolicySetup:
         policy,
         engine={"chunked_prefill": True, "token_budget": ctx.sarathi_budget, "preemption": "auto"},
         deadlines="oracle" if oracle else "analyzer",
-        # The router admits via place() as deployed: it rejects only when even a one-token reply would
-        # be late on every replica (docs/decisions/sim.md has the measurements with and without).
+        # The router admits via place() as deployed (one-token feasibility, the busy-replica rule;
+        # docs/decisions/core.md, "Admission"; measurements with and without in docs/benchmarks/sim.md).
         router_admission=True,
         placement="power-of-k",
         label="JITServe*" if oracle else "JITServe",
@@ -151,6 +156,10 @@ def _baseline(module: str, attr: str) -> Callable[[SimContext], PolicySetup]:
 FACTORIES: dict[str, Callable[[SimContext], PolicySetup]] = {
     "jitserve": lambda ctx: _jitserve(ctx, oracle=False),
     "jitserve-oracle": lambda ctx: _jitserve(ctx, oracle=True),
+    # every class with `overload: downgrade`: what no replica can serve on time runs as best-effort
+    "jitserve-downgrade": lambda ctx: dataclasses.replace(
+        _jitserve(ctx, oracle=False), overload=OverloadAction.DOWNGRADE, label="JITServe (downgrade)"
+    ),
     "vllm": _vllm_fcfs,
     "vllm-priority": _vllm_priority,
     "vllm-v1": _vllm_v1,

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jitserve.router.admission import decide
 from jitserve.scheduler.gmax import GMAXParams
 from jitserve.scheduler.goodput import RequestRecord
-from jitserve.scheduler.placement import ReplicaState, place
+from jitserve.scheduler.placement import ReplicaState, place, replica_load
 from jitserve.scheduler.requests import SLO_TYPE_CODE, NewRequest
 from jitserve.scheduler.slo import SLOType
 from jitserve.sim.engine import CallInfo, Engine, EngineConfig, Finished
@@ -144,26 +145,34 @@ class Cluster:
         self.prefill_rate = self.timing.prefill_tokens_per_s(2048)
 
     # ------------------------------------------------------------------------------- routing
-    def route(self, req: NewRequest, now: float) -> int | None:
+    def route(self, req: NewRequest, now: float) -> tuple[int | None, NewRequest]:
+        """(replica, the request as admitted) or (None, request) when the router rejects it. With
+        admission, the router's own decision (`router.admission.decide`: `place()`, then the
+        overload action, which may hand the engine a best-effort version of the request)."""
         n = len(self.engines)
         if n == 1 and not self.admission:
-            return 0
+            return 0, req
         if self.placement == "power-of-k":
             states = [self._state(i, now) for i in range(n)]
-            params = self.setups[0].placement_params or getattr(
-                self.setups[0].policy, "params", GMAXParams(batch_size=self.ctx.batch_size)
+            setup = self.setups[0]
+            params = setup.placement_params or getattr(
+                setup.policy, "params", GMAXParams(batch_size=self.ctx.batch_size)
             )
-            p = place(req, states, now, params=params, busy_share=self.setups[0].busy_share)
-            if self.admission and p.replica is None:
-                return None
-            return p.replica if p.replica is not None else self._least_load()
+            if self.admission:
+                d = decide(
+                    req, req.slo.type.value, setup.overload, {}, states, now, params=params,
+                    busy_share=setup.busy_share,
+                )  # fmt: skip
+                return d.replica, d.request
+            p = place(req, states, now, params=params, busy_share=setup.busy_share)
+            return (p.replica if p.replica is not None else self._least_load()), req
         if self.placement == "round-robin":
             self._rr = (self._rr + 1) % n
-            return self._rr
+            return self._rr, req
         if self.placement == "power-of-two":
             a, b = self.rng.choice(n, size=2, replace=False) if n > 1 else (0, 0)
-            return int(a) if _load(self.engines[a]) <= _load(self.engines[b]) else int(b)
-        return self._least_load()
+            return (int(a) if _load(self.engines[a]) <= _load(self.engines[b]) else int(b)), req
+        return self._least_load(), req
 
     def _state(self, i: int, now: float) -> ReplicaState:
         """A replica's report, refreshed when it plans (a pod reports once per frame)."""
@@ -185,27 +194,15 @@ def _load(e: Engine) -> float:
 
 
 def replica_state(engine: Engine, now: float) -> ReplicaState:
-    """What the engine pod would report: speed, occupancy and its admission bar."""
-    plan = engine._plan
+    """What the engine pod would report: speed, occupancy, and its queue as a real pod computes it
+    (`replica_load`, the same function)."""
     cfg = engine.config
     speed = engine.speed()
-    an = plan.analysis if plan is not None else None
     running, waiting = engine.running_count, engine.waiting_count
     # B is the batch the policy runs (GMAX's B, below max_num_seqs), as a real engine pod reports it.
     batch = engine._policy_batch
-    bar = 0.0
-    committed = 0.0
-    delay = 0.0
-    if an is not None and an.priority.size:
-        committed = float(np.minimum(an.bw, 1.0).sum())
-        if running + waiting >= batch and an.priority.size >= batch:
-            kth = np.partition(an.priority, an.priority.size - batch)[an.priority.size - batch]
-            bar = float(kth) * getattr(getattr(engine.policy, "params", None), "cutoff", 1.0)
-    if running >= batch:
-        table = engine.table
-        run = engine._running
-        rem = np.maximum(table.len_ub[run] - table.generated[run], 1)
-        delay = float(np.min(rem)) * float(speed.step_time) * (1.0 + waiting / batch)
+    cutoff = float(getattr(getattr(engine.policy, "params", None), "cutoff", 1.0))
+    load = replica_load(engine.table, now, speed, batch, cutoff, running, waiting)
     return ReplicaState(
         pod=engine.name,
         model=engine.profile.model.name,
@@ -214,12 +211,12 @@ def replica_state(engine: Engine, now: float) -> ReplicaState:
         batch_size=batch,
         running=running,
         waiting=waiting,
-        committed_bandwidth=committed,
-        residual_capacity=batch - committed,
-        admission_priority=max(bar, 0.0),
-        queue_delay_s=delay,
+        committed_bandwidth=load.committed_bandwidth,
+        residual_capacity=batch - load.committed_bandwidth,
+        admission_priority=load.admission_priority,
+        queue_delay_s=load.queue_delay_s,
         kv_usage=min(engine.kv_used / max(cfg.kv_capacity, 1), 1.0),
-        cutoff=float(getattr(getattr(engine.policy, "params", None), "cutoff", 1.0)),
+        cutoff=cutoff,
         frames=engine.stats.frames,
         updated_at=now,
     )
@@ -310,7 +307,7 @@ def simulate(
                 deadline_abs=deadline if prog.slo_type is not SLOType.LATENCY else None,
                 program_goodput=share,
             )
-            target = cluster.route(req, now)
+            target, req = cluster.route(req, now)
             if target is None:
                 st.rejected = True
                 st.dropped = True

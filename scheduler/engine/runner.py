@@ -37,8 +37,9 @@ from jitserve.scheduler.engine.state import (
     RequestDebug,
 )
 from jitserve.scheduler.engine.xargs import RequestSLO, parse_xargs
-from jitserve.scheduler.gmax import FramePlan, GMAXParams, analyze, expired
+from jitserve.scheduler.gmax import FramePlan, GMAXParams, expired
 from jitserve.scheduler.goodput import RequestRecord
+from jitserve.scheduler.placement import replica_load
 from jitserve.scheduler.policy import POLICY_NAMES, GMAXPolicy, Policy, make_policy
 from jitserve.scheduler.requests import NewRequest, RequestTable
 
@@ -453,19 +454,7 @@ class FrameRunner:
         B = self.config.batch_size  # noqa: N806 (the paper's name)
         params = getattr(self.policy, "params", None)
         cutoff = float(params.cutoff) if isinstance(params, GMAXParams) else 1.0
-        committed, admission, delay = 0.0, 0.0, 0.0
-        slots = self.table.active_slots()
-        if slots.size:
-            an = analyze(self.table, now, self.meter.speed(), GMAXParams(batch_size=B), slots)
-            committed = float(an.bw[an.feasible].sum())
-            if running + waiting >= B:
-                pri = np.sort(an.priority[an.feasible])[::-1]
-                if pri.size >= B:
-                    admission = cutoff * float(pri[B - 1])
-                # Queued work ahead of a newcomer, spread over B slots: its expected wait.
-                ahead = running + waiting - B + 1
-                mean_tgen = float(an.t_gen.mean())
-                delay = max(ahead, 0) * mean_tgen / B
+        load = replica_load(self.table, now, self.meter.speed(), B, cutoff, running, waiting)
         snap = self.classes.snapshot
         totals = {cls: ClassTotalsModel(**vars(t)) for cls, t in self.window.totals.items()}
         # model_construct: every field is computed here from validated inputs; validating again would
@@ -478,10 +467,10 @@ class FrameRunner:
             batch_size=B,
             running=running,
             waiting=waiting,
-            committed_bandwidth=committed,
-            residual_capacity=B - committed,
-            admission_priority=max(admission, 0.0),
-            queue_delay_s=delay,
+            committed_bandwidth=load.committed_bandwidth,
+            residual_capacity=B - load.committed_bandwidth,
+            admission_priority=load.admission_priority,
+            queue_delay_s=load.queue_delay_s,
             kv_usage=min(max(kv_usage, 0.0), 1.0),
             cutoff=cutoff,
             frames=self.frames,

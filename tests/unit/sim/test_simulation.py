@@ -130,3 +130,16 @@ def test_router_admission_rejects_only_under_jitserve_and_by_its_rule(spec) -> N
     # admission by the length bound also rejects what only a shorter-than-bound reply would save; place()
     # does so too on a busy replica (a quarter of its batch), which under this overload is always
     assert bound.rejected >= on["jitserve"].rejected
+
+
+def test_overload_downgrade_serves_what_admission_would_reject(spec) -> None:  # type: ignore[no-untyped-def]
+    """`overload: downgrade` (the router's `decide()`): what JITServe's admission rejects runs as
+    best-effort instead; it is still scored against its own SLO, so it earns goodput only if on time."""
+    cfg = RunConfig(rate_per_replica=3.5, replicas=1, duration_s=60.0, predictor="conditional", drain_s=200.0)
+    runs = compare(spec, ["jitserve", "jitserve-downgrade"], cfg)
+    reject, downgrade = runs["jitserve"], runs["jitserve-downgrade"]
+    assert reject.rejected > 0
+    assert downgrade.rejected == 0  # a best-effort request is never infeasible, so always placed
+    assert downgrade.requests == reject.requests
+    # the downgraded requests do run: more output than the run that turned them away
+    assert downgrade.throughput_tokens_per_s > reject.throughput_tokens_per_s
