@@ -7,6 +7,9 @@ and is highest. If no replica can still meet the SLO even with a one-token reply
 placement: admission rejects it. A request that is on time only if its reply is shorter than its
 conservative length bound goes only to a replica that is not busy (fewer than a quarter of its batch
 running or waiting); if every sampled replica that could serve it is busy, admission rejects it.
+A request below every replica's admission bar queues only where the expected queue delay is shorter
+than its waiting_time; where it is not, the engine would drop it after the wait, so admission
+rejects it at once.
 """
 
 from __future__ import annotations
@@ -179,7 +182,20 @@ def place(
         if short_reply:
             reason = "admitted: on time only if the reply is shorter than its length bound"
     else:
-        # Feasible everywhere only after a wait: queue where it ranks best against the bar.
+        # Below every replica's bar it starts only behind the work queued ahead of it, which is what
+        # the replica's queue delay estimates. If that outlasts the request's waiting_time, the engine
+        # would drop it after the wait anyway: answer now, with the reason, instead.
+        patience = request.arrival + request.slo.waiting_time - now
+        feasible = feasible & (delay < patience)
+        if not feasible.any():
+            return Placement(
+                None,
+                priority,
+                sampled,
+                "rejected: below every replica's admission bar, and the queue ahead is longer than its "
+                f"waiting_time ({request.slo.waiting_time:g} s)",
+            )
+        # Feasible only after a wait: queue where it ranks best against the bar.
         score = np.where(feasible, priority / np.maximum(bar, 1e-12), -np.inf)
         reason = "queued: below every replica's admission bar"
     # Near-ties (replicas with the same speed and no queue give the same priority) go to the least

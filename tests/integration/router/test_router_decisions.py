@@ -71,6 +71,13 @@ def test_admission_places_rejects_or_downgrades() -> None:
     d = decide(tight, "deadline", OverloadAction.REJECT, PAPER_CLASSES, [busy, busy], now=0.0)
     assert d.action is Action.REJECT and d.replica is None and d.retry_after_s == 30
     d = decide(tight, "deadline", OverloadAction.DOWNGRADE, PAPER_CLASSES, [busy, busy], now=0.0)
+    # as best-effort it would still queue behind 30 s of work, past its 5 s waiting_time: rejected
+    assert d.action is Action.REJECT and d.replica is None
+    # behind a 4 s queue the deadline is still out of reach, but best-effort work can start in time
+    shorter = ReplicaState.model_validate(loaded_state("a", queue_delay_s=4))
+    d = decide(tight, "deadline", OverloadAction.REJECT, PAPER_CLASSES, [shorter], now=0.0)
+    assert d.action is Action.REJECT
+    d = decide(tight, "deadline", OverloadAction.DOWNGRADE, PAPER_CLASSES, [shorter], now=0.0)
     assert d.action is Action.DOWNGRADE and d.slo_class == "best-effort"
     assert d.request.slo.type.value == "best-effort" and d.request.slo.waiting_time == tight.slo.waiting_time
 

@@ -96,9 +96,16 @@ def test_an_unattainable_slo_gets_429_before_reaching_any_engine(
     assert err.code == "slo_unattainable"
     assert int(err.response.headers["retry-after"]) >= 30  # the least-loaded pod's expected wait
     assert a.received == [] and b.received == []
-    # the same request with a deadline the queue allows is admitted
+    # a deadline the queue allows is not enough: behind a 30 s queue it would wait past its waiting_time
+    with pytest.raises(openai.RateLimitError) as info:
+        client(r).chat.completions.create(
+            model=MODEL, messages=MSG, max_tokens=8, extra_body={"deadline": 60}
+        )
+    assert "longer than its waiting_time" in str(info.value)
+    assert a.received == [] and b.received == []
+    # with a waiting_time that covers the queue it is admitted (queued behind the busy pod's work)
     ok = client(r).chat.completions.create(
-        model=MODEL, messages=MSG, max_tokens=8, extra_body={"deadline": 60}
+        model=MODEL, messages=MSG, max_tokens=8, extra_body={"deadline": 60, "waiting_time": 45}
     )
     assert ok.choices[0].message.content
 
@@ -107,7 +114,9 @@ def test_a_downgrade_class_serves_as_best_effort_when_unattainable(
     fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter], tmp_path
 ) -> None:
     a, b = fake_engines
-    a.state, b.state = loaded_state("a"), loaded_state("b")
+    # full pods with a 3 s queue: a 2 s deadline is out of reach; best-effort work starts within its
+    # 5 s waiting_time
+    a.state, b.state = loaded_state("a", queue_delay_s=3), loaded_state("b", queue_delay_s=3)
     classes = {
         "soft": {"type": "deadline", "deadlineSeconds": 2, "overload": "downgrade"},
         "best-effort": {"type": "best-effort", "deadlineSeconds": 300, "default": True},

@@ -118,3 +118,23 @@ def test_equal_replicas_share_the_load():
     quiet = replica("b", running=1)
     assert place(tight(), [busy, quiet], now=0.0).replica == 1
     assert place(tight(), [quiet, busy], now=0.0).replica == 0
+
+
+def test_below_every_bar_queues_only_if_it_can_start_within_its_waiting_time():
+    """A full replica whose top-B work outranks the request: it waits behind the queue. A 60 s deadline
+    request is feasible even after either queue; whether it may queue
+    depends on the queue delay against its waiting_time."""
+    slo = SLO.deadline_slo(60.0)
+    req = NewRequest("r", slo, arrival=0.0, input_len=200, max_tokens=40)
+    short = replica("a", running=8, waiting=4, admission_priority=1e9, queue_delay_s=slo.waiting_time / 2)
+    p = place(req, [short], now=0.0)
+    assert p.replica == 0
+    assert p.reason.startswith("queued: below every replica's admission bar")
+    long = replica("a", running=8, waiting=40, admission_priority=1e9, queue_delay_s=slo.waiting_time * 2)
+    p = place(req, [long], now=0.0)
+    assert p.replica is None
+    assert "queue ahead is longer than its waiting_time" in p.reason
+    # with the short queue on the other replica, it goes there
+    assert place(req, [long, short], now=0.0).replica == 1
+    # time already spent (the router saw it late) counts against its waiting_time
+    assert place(req, [short], now=slo.waiting_time * 0.6).replica is None

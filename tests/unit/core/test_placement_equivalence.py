@@ -4,7 +4,7 @@
 a fresh K-row `RequestTable` with one dummy copy of the request per sampled replica and runs GMAX's
 `analyze` over it. It stays here as the test's reference only; the production `place()` must return the
 same replica, priorities (bit for bit), sampled set and reason on every input. (The busy-replica rule
-for short-reply requests was added to both later.)
+for short-reply requests and the waiting_time check below every bar were added to both later.)
 """
 
 from __future__ import annotations
@@ -88,7 +88,14 @@ def _reference_place(
         reason = "admitted by replica-specific priority"
         if short_reply:
             reason = "admitted: on time only if the reply is shorter than its length bound"
-    else:
+    else:  # below every bar: only where the queue ahead ends within its waiting_time
+        feasible = feasible & (delay < request.arrival + request.slo.waiting_time - now)
+        if not feasible.any():
+            reason = (
+                "rejected: below every replica's admission bar, and the queue ahead is longer than its "
+                f"waiting_time ({request.slo.waiting_time:g} s)"
+            )
+            return Placement(None, priority, sampled, reason)
         score = np.where(feasible, priority / np.maximum(bar, 1e-12), -np.inf)
         reason = "queued: below every replica's admission bar"
     top = score.max()
@@ -191,7 +198,6 @@ def _assert_same(got: Placement, want: Placement) -> None:
 
 @pytest.mark.parametrize("block", range(10))
 def test_place_matches_the_straightforward_version(block: int) -> None:
-    reasons: set[str] = set()
     for seed in range(block * 300, (block + 1) * 300):
         request, replicas, now, k, cached, params = _case(seed)
         want = _reference_place(
@@ -201,9 +207,17 @@ def test_place_matches_the_straightforward_version(block: int) -> None:
             request, replicas, now, k=k, cached_tokens=cached, rng=np.random.default_rng(seed), params=params
         )
         _assert_same(got, want)
-        reasons.add(want.reason)
-    # the random cases reach every branch of the decision
-    assert len(reasons) == 5, reasons
+
+
+def test_the_random_cases_reach_every_branch() -> None:
+    reasons = set()
+    for seed in range(3000):
+        request, replicas, now, k, cached, params = _case(seed)
+        got = place(
+            request, replicas, now, k=k, cached_tokens=cached, rng=np.random.default_rng(seed), params=params
+        )
+        reasons.add(got.reason.split(" (")[0])  # the branch, without the request's numbers
+    assert len(reasons) == 6, reasons
 
 
 def test_repeated_calls_do_not_leak_state() -> None:
