@@ -592,6 +592,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"sequences per batch per engine (default {up.DEFAULT_MAX_NUM_SEQS})",
     )
     parser.add_argument(
+        "--classes-file",
+        type=Path,
+        default=None,
+        help=up.CLASSES_FILE_HELP + "; both stacks get it, and scoring stays the paper's (unweighted tokens)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("jitserve-demo.png"),
@@ -619,6 +625,7 @@ def _stack_config(
         cpu_slot=slot,
         cpu_slots=slots,
         cpu_pin=pin,
+        classes_file=args.classes_file,
     )
 
 

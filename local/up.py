@@ -264,6 +264,7 @@ class StackConfig:
     cpu_slot: int = 0
     cpu_slots: int | None = None
     cpu_pin: bool = True  # False: threads per engine set, cores not pinned (see cpu_binding)
+    classes_file: Path | None = None  # SLO classes for engines and router (None: the paper's classes)
 
 
 class Stack:
@@ -307,6 +308,7 @@ class Stack:
             # Per run, so a demo's two runs never share learned length history or a stale state file.
             "--runtime-dir",
             str(c.log_dir / f"engine-{index}"),
+            *(["--classes-file", str(c.classes_file)] if c.classes_file else []),
             "--",
             *vllm_args,
         )
@@ -321,6 +323,7 @@ class Stack:
             str(c.port),
             "--engines",
             ",".join(self.engine_urls),
+            *(["--classes-file", str(c.classes_file)] if c.classes_file else []),
             *c.router_args,
         )
 
@@ -478,6 +481,12 @@ def _terminal_columns() -> int:
 # CLI
 
 
+CLASSES_FILE_HELP = (
+    "SLO classes for the engines and the router (JSON: class name -> SLOClass spec, as the operator's "
+    "ConfigMap holds them; e.g. docs/examples/classes-chat-first.json); default: the paper's classes"
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engines",
@@ -550,6 +559,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="do not give each CPU engine its own cores (VLLM_CPU_OMP_THREADS_BIND)",
     )
+    parser.add_argument("--classes-file", type=Path, default=None, help=CLASSES_FILE_HELP)
     parser.add_argument("--status-interval", type=float, default=1.0, help="seconds between status updates")
 
 
@@ -582,6 +592,7 @@ def config_from_args(args: argparse.Namespace, model: Path) -> StackConfig:
         log_dir=Path(log_dir),
         ready_timeout_s=args.ready_timeout,
         bind_cpus=args.bind_cpus,
+        classes_file=args.classes_file,
     )
 
 

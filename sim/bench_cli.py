@@ -98,11 +98,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--speed-trace",
         type=float,
-        default=30.0,
+        default=60.0,
         metavar="SECONDS",
         help="before the compared trace, replay a separate calibration trace of this many seconds (another "
         "seed, the same rate) on each stack; the engine's decode steps in it set the simulated engine's "
-        "speed under the stack's own load (default 30; 0: none)",
+        "speed under the stack's own load (default 60; 0: none)",
     )
     parser.add_argument(
         "--speed",
@@ -228,6 +228,8 @@ def run_real(args: argparse.Namespace, stop: threading.Event) -> dict[str, Any]:
         "capacity_tokens_per_s": plan.capacity,
         "duration_s": plan.duration,
         "seed": args.seed,
+        # the SLO classes both stacks ran with (None: the paper's); their weights steer the schedulers
+        "classes": json.loads(args.classes_file.read_text()) if args.classes_file else None,
         "jobs": [_job_to_json(j) for j in plan.jobs],
         "runs": runs,
     }
@@ -406,6 +408,7 @@ def simulate_jobs(
     admission: bool,
     rejected: set[tuple[int, int]] | None = None,
     hop_s: float = DEFAULT_HOP_S,
+    classes: dict[str, Any] | None = None,
 ) -> list[Any]:
     """Simulate the jobs as the real stack ran them; returns demo-style JobResults.
 
@@ -413,7 +416,9 @@ def simulate_jobs(
     `rejected`: instead, the (job, call) pairs the real router rejected are rejected (replayed).
     `hop_s`: from a call's last token to the program's next call reaching the engine (client, router
     and API server; the calibration's HTTP overhead). It matters beyond its size: by then the engine
-    has already given the freed batch slot to a waiting request, so the next call waits for another."""
+    has already given the freed batch slot to a waiting request, so the next call waits for another.
+    `classes`: the classes file the stacks ran with; its goodput weights steer the simulated router and
+    engines as they steered the real ones (scoring stays the paper's, as `jitserve demo` scores)."""
     from jitserve.local import demo
     from jitserve.sim.profiles import BatchTimeModel
     from jitserve.sim.workload import Call, Program, Stage
@@ -421,8 +426,15 @@ def simulate_jobs(
     prefill_rate = BatchTimeModel.from_profile(profile).prefill_tokens_per_s(512)
     tpw = tokens_per_word(jobs, measured)
     programs, meta = [], {}
+    weights = {}
+    if classes:
+        from jitserve.router.classes import parse_classes
+
+        weights = {name: spec.goodputWeights for name, spec in parse_classes(classes, "record").items()}
     for k, job in enumerate(jobs):
         slo, _ = demo.slo_for(job.slo_class, len(job.calls), scale)
+        if job.slo_class in weights:
+            slo = slo.model_copy(update={"weights": weights[job.slo_class]})
         stages = []
         for i, call in enumerate(job.calls):
             # the prompt length the engine tokenized, from whichever real run got to this call
@@ -582,6 +594,7 @@ def compare(
             admission=router == "model",
             rejected=rejected if router == "replay" else None,
             hop_s=cal.http_s if cal is not None else DEFAULT_HOP_S,
+            classes=record.get("classes"),
         )
         rows[policy] = {
             "real": metrics(real[policy], record["slo_scale"]),

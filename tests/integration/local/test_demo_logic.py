@@ -6,6 +6,8 @@ demo turns what the client saw into its records (arrival, token times, drops, pr
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from jitserve.local.demo import (
@@ -147,3 +149,36 @@ def test_drop_reasons_count_each_job_once() -> None:
         JobResult(_job("deadline", [5]), [CallResult(0.0, 10, [1.0] * 5, 1.0)]),
     ]
     assert drop_reasons(results) == {"rejected": 2, "timeout": 1}
+
+
+def test_a_classes_file_reaches_every_engine_and_the_router(tmp_path: Path) -> None:
+    """`--classes-file` (up, demo, bench): the engines and the router get the same file, in flags their
+    own parsers accept, and the shipped example loads as the router loads it."""
+    import argparse
+
+    from jitserve.local import up
+    from jitserve.router import cli as router_cli
+    from jitserve.router.classes import table_from_file
+    from jitserve.scheduler import engine_cli
+
+    example = Path(__file__).resolve().parents[3] / "docs" / "examples" / "classes-chat-first.json"
+    table = table_from_file(str(example), None)
+    assert table.classes["latency"].goodputWeights.output == 4.0
+    assert {"latency", "deadline", "compound", "best-effort"} <= set(table.classes)
+
+    config = up.StackConfig(model="m", served_name="m", engines=2, log_dir=tmp_path, classes_file=example)
+    stack = up.Stack(config)
+    stack.engine_urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    engine_parser, router_parser = argparse.ArgumentParser(), argparse.ArgumentParser()
+    engine_cli.add_arguments(engine_parser)
+    router_cli.add_arguments(router_parser)
+    for i in range(2):
+        argv = stack.engine_command(i, 9000 + i)
+        args, _ = engine_parser.parse_known_args(argv[argv.index("engine") + 1 :])
+        assert args.classes_file == str(example)
+    argv = stack.router_command()
+    assert router_parser.parse_args(argv[argv.index("router") + 1 :]).classes_file == str(example)
+    # without the flag neither gets one (the paper's classes)
+    plain = up.Stack(up.StackConfig(model="m", served_name="m", log_dir=tmp_path))
+    plain.engine_urls = ["http://127.0.0.1:1"]
+    assert "--classes-file" not in plain.engine_command(0, 9000) + plain.router_command()
