@@ -609,6 +609,26 @@ def compare(
     return rows
 
 
+def real_class_table(record: dict[str, Any]) -> str | None:
+    """`jitserve demo`'s per-class table of the two real runs (baseline first), or None if the record
+    holds another number of runs."""
+    from jitserve.local import demo
+
+    runs = record["runs"]
+    if len(runs) != 2:
+        return None
+    jobs = [_job_from_json(d) for d in record["jobs"]]
+    names = tuple(runs)
+    scores = tuple(
+        demo.score(
+            [_result_from_json(d, j) for d, j in zip(runs[n]["results"], jobs, strict=True)],
+            record["slo_scale"],
+        )
+        for n in names
+    )
+    return demo.format_table(names, scores)  # type: ignore[arg-type]
+
+
 def _reasons(results: list[Any]) -> dict[str, int]:
     from jitserve.local import demo
 
@@ -669,6 +689,9 @@ def run(args: argparse.Namespace) -> int:
         f"{record['engines']} engine(s) x {record['max_num_seqs']} sequences"
     )
     print(format_rows(rows))
+    per_class = real_class_table(record)
+    if per_class:
+        print(f"\nthe real runs per class (as `jitserve demo` scores them):\n{per_class}")
     gaps = [gap(row["sim"][m], row["real"][m]) for row in rows.values() for m in METRICS]
     worst = max((abs(g) for g in gaps if g is not None), default=math.nan)
     print(f"largest gap: {worst:.0%} (goal: within {GOAL:.0%})")

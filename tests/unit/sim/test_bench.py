@@ -141,3 +141,21 @@ def test_the_calibration_trace_sets_the_simulated_speed(line: dict) -> None:
         # the "real" side is the probes' own simulation: only the stretched simulation moves
         assert probes[policy]["sim"]["goodput"] == pytest.approx(probes[policy]["real"]["goodput"])
         assert traced[policy]["sim"]["goodput"] < probes[policy]["sim"]["goodput"]
+
+
+def test_the_real_runs_are_shown_per_class_as_the_demo_scores_them(line: dict) -> None:
+    record = _record(2.0, line["samples"])
+    table = bench_cli.real_class_table(record)
+    assert table is not None
+    rows = {r.split()[0]: r for r in table.splitlines()[2:]}
+    assert set(rows) == {"latency", "deadline", "compound", "total"}
+    jobs = [bench_cli._job_from_json(d) for d in record["jobs"]]
+    assert int(rows["total"].split()[1]) == len(jobs)
+    # the goodput columns are demo.score's totals for each run, baseline first
+    for col, policy in ((2, "vllm"), (3, "jitserve")):
+        recorded = record["runs"][policy]["results"]
+        results = [bench_cli._result_from_json(d, j) for d, j in zip(recorded, jobs, strict=True)]
+        want = demo.total(demo.score(results, record["slo_scale"])).goodput
+        assert float(rows["total"].split()[col].replace(",", "")) == pytest.approx(want, abs=0.5)
+    del record["runs"]["vllm"]
+    assert bench_cli.real_class_table(record) is None
