@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 BASELINES = [
     "sarathi",
@@ -124,21 +125,24 @@ def diagnose(rate: float, duration: float, predictor: str = "conditional") -> in
     return 0
 
 
+def _standin(rate: float, replicas: int, duration: float, **over: Any) -> Any:
+    """The studies' run: the paper mix at `rate` per replica with the stand-in (conditional) predictor."""
+    from jitserve.sim.runner import RunConfig
+
+    return RunConfig(
+        rate_per_replica=rate, replicas=replicas, duration_s=duration, predictor="conditional", **over
+    )
+
+
 def admission_sweep(rates: list[float], duration: float, replicas: int) -> int:
     """JITServe with and without the router's admission (place()) on the same arrivals."""
-    from jitserve.sim.runner import RunConfig, compare
+    from jitserve.sim.runner import compare
     from jitserve.sim.workload import load_workload
 
     spec = load_workload("paper-mix")
     for rate in rates:
         for admission in (False, True):
-            cfg = RunConfig(
-                rate_per_replica=rate,
-                replicas=replicas,
-                duration_s=duration,
-                predictor="conditional",
-                router_admission=admission,
-            )
+            cfg = _standin(rate, replicas, duration, router_admission=admission)
             rep = compare(spec, ["jitserve"], cfg)["jitserve"]
             att = " ".join(f"{k} {v:.2f}" for k, v in rep.attainment.items())
             print(
@@ -159,7 +163,7 @@ def busy_rule(rates: list[float], duration: float, replicas: int, seeds: list[in
 
     from jitserve.scheduler.placement import BUSY_SHARE
     from jitserve.sim import policies
-    from jitserve.sim.runner import RunConfig, compare
+    from jitserve.sim.runner import compare
     from jitserve.sim.workload import load_workload
 
     spec = load_workload("paper-mix")
@@ -170,13 +174,7 @@ def busy_rule(rates: list[float], duration: float, replicas: int, seeds: list[in
         )
     for rate in rates:
         for seed in seeds:
-            cfg = RunConfig(
-                rate_per_replica=rate,
-                replicas=replicas,
-                duration_s=duration,
-                predictor="conditional",
-                seed=seed,
-            )
+            cfg = _standin(rate, replicas, duration, seed=seed)
             for name in rules:  # one rule per run: each on the same arrivals, as before
                 rep = compare(spec, [f"rule-{name}"], cfg)[f"rule-{name}"]
                 print(
@@ -188,19 +186,12 @@ def busy_rule(rates: list[float], duration: float, replicas: int, seeds: list[in
 
 
 def placements(rate: float, duration: float, replicas: int, admission: bool | None = None) -> int:
-    from jitserve.sim.runner import RunConfig, compare
+    from jitserve.sim.runner import compare
     from jitserve.sim.workload import load_workload
 
     spec = load_workload("paper-mix")
     for placement in ("power-of-k", "round-robin", "least-load", "power-of-two"):
-        cfg = RunConfig(
-            rate_per_replica=rate,
-            replicas=replicas,
-            duration_s=duration,
-            predictor="conditional",
-            placement=placement,
-            router_admission=admission,
-        )
+        cfg = _standin(rate, replicas, duration, placement=placement, router_admission=admission)
         rep = compare(spec, ["jitserve"], cfg)["jitserve"]
         att = " ".join(f"{k} {v:.2f}" for k, v in rep.attainment.items())
         print(

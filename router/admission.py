@@ -8,6 +8,7 @@ class's overload action applies: reject (429 + Retry-After) or downgrade to best
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -69,24 +70,17 @@ def decide(
 ) -> Decision:
     """Admit on the best replica, downgrade, or reject. `states` must be non-empty. `params` and
     `busy_share` go to `place()` (the simulator studies them; the router runs the defaults)."""
-    p = place(
-        request, states, now, k=k, cached_tokens=cached_tokens, rng=rng, params=params, busy_share=busy_share
-    )
+    placer = functools.partial(
+        place, replicas=states, now=now, k=k, cached_tokens=cached_tokens, rng=rng, params=params,
+        busy_share=busy_share,
+    )  # fmt: skip
+    p = placer(request)
     if p.replica is not None:
         return Decision(Action.ADMIT, p.replica, request, slo_class, p.reason)
     if overload is OverloadAction.DOWNGRADE and request.slo.type.value != BEST_EFFORT:
         name, slo = best_effort_slo(classes, request.slo.waiting_time)
         downgraded = dataclasses.replace(request, slo=slo, deadline_abs=None, program_goodput=0.0)
-        p2 = place(
-            downgraded,
-            states,
-            now,
-            k=k,
-            cached_tokens=cached_tokens,
-            rng=rng,
-            params=params,
-            busy_share=busy_share,
-        )
+        p2 = placer(downgraded)
         if p2.replica is not None:
             return Decision(Action.DOWNGRADE, p2.replica, downgraded, name, f"downgraded: {p.reason}")
     return Decision(Action.REJECT, None, request, slo_class, p.reason, retry_after(states))

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from jitserve.scheduler.analyzer.patterns import PatternGraph, PatternNode, PatternStore
+from jitserve.scheduler.analyzer.patterns import PatternGraph, PatternNode, PatternStore, guard_late_stage
 from jitserve.scheduler.goodput import Goodput, RequestRecord, program_goodput
 from jitserve.scheduler.slo import SLO
 
@@ -134,7 +134,6 @@ class ProgramTracker:
         if prog.per_stage is not None and prog.stages_hint is None:
             prog.deadline_abs = max(prog.deadline_abs, prog.arrival + prog.per_stage * (s + 1))
         total = prog.deadline_abs - prog.arrival
-        remaining = max(prog.deadline_abs - now, 0.0)
         if self.store is not None:
             plan = self.store.plan(
                 prog.graph((s, model or "llm", input_len)),
@@ -150,8 +149,8 @@ class ProgramTracker:
             n_left = 1
         if prog.stages_hint is not None:
             n_left = max(prog.stages_hint - s, 1)
-        deadline = max(deadline, now + remaining / n_left)
-        return StagePlan(s, min(deadline, prog.deadline_abs), prog.deadline_abs, prog.goodput_so_far, source)
+        deadline = guard_late_stage(deadline, prog.deadline_abs, now, n_left)
+        return StagePlan(s, deadline, prog.deadline_abs, prog.goodput_so_far, source)
 
     def end_call(
         self, program_id: str, record: RequestRecord, model: str = "", started: float | None = None

@@ -549,11 +549,8 @@ def compare(
     state, as `jitserve sim` does)."""
     from jitserve.local.demo import CallResult
 
-    jobs = [_job_from_json(d) for d in record["jobs"]]
+    jobs, real = real_runs(record)
     runs = record["runs"]
-    real = {
-        p: [_result_from_json(d, j) for d, j in zip(r["results"], jobs, strict=True)] for p, r in runs.items()
-    }
     rows: dict[str, Any] = {}
     tpw = tokens_per_word(jobs, list(real.values()))
     factor = None
@@ -609,23 +606,25 @@ def compare(
     return rows
 
 
-def real_class_table(record: dict[str, Any]) -> str | None:
-    """`jitserve demo`'s per-class table of the two real runs (baseline first), or None if the record
-    holds another number of runs."""
+def real_runs(record: dict[str, Any]) -> tuple[list[Any], dict[str, list[Any]]]:
+    """The record's jobs and, per policy, its real results as `jitserve demo` scores them."""
+    jobs = [_job_from_json(d) for d in record["jobs"]]
+    real = {
+        p: [_result_from_json(d, j) for d, j in zip(r["results"], jobs, strict=True)]
+        for p, r in record["runs"].items()
+    }
+    return jobs, real
+
+
+def real_class_table(real: dict[str, list[Any]], scale: float) -> str | None:
+    """`jitserve demo`'s per-class table of the two real runs (baseline first), or None for another
+    number of runs."""
     from jitserve.local import demo
 
-    runs = record["runs"]
-    if len(runs) != 2:
+    if len(real) != 2:
         return None
-    jobs = [_job_from_json(d) for d in record["jobs"]]
-    names = tuple(runs)
-    scores = tuple(
-        demo.score(
-            [_result_from_json(d, j) for d, j in zip(runs[n]["results"], jobs, strict=True)],
-            record["slo_scale"],
-        )
-        for n in names
-    )
+    names = tuple(real)
+    scores = tuple(demo.score(real[n], scale) for n in names)
     return demo.format_table(names, scores)  # type: ignore[arg-type]
 
 
@@ -689,7 +688,7 @@ def run(args: argparse.Namespace) -> int:
         f"{record['engines']} engine(s) x {record['max_num_seqs']} sequences"
     )
     print(format_rows(rows))
-    per_class = real_class_table(record)
+    per_class = real_class_table(real_runs(record)[1], record["slo_scale"])
     if per_class:
         print(f"\nthe real runs per class (as `jitserve demo` scores them):\n{per_class}")
     gaps = [gap(row["sim"][m], row["real"][m]) for row in rows.values() for m in METRICS]

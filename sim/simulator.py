@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jitserve.router.admission import decide
+from jitserve.scheduler.analyzer.patterns import guard_late_stage
 from jitserve.scheduler.gmax import GMAXParams
 from jitserve.scheduler.goodput import RequestRecord
 from jitserve.scheduler.placement import ReplicaState, place, replica_load
@@ -86,12 +87,10 @@ def sub_deadline(program: Program, stage: int, mode: str, v_token: float, prefil
 
 
 def router_stage_guard(deadline: float, program: Program, stage: int, now: float) -> float:
-    """The router's guard on a stage's sub-deadline (`router/programs.py`): never less than an even
-    split of what is left of the program's deadline over its remaining stages, never past that
-    deadline. A stage that starts late keeps a reachable deadline while the program still can be."""
+    """The router's guard on a stage's sub-deadline (`guard_late_stage`, as `router/programs.py` calls
+    it), over the program's expected stage count."""
     end = program.arrival + float(program.slo.deadline or 0.0)
-    n_left = max(math.ceil(program.expected_stages) - stage, 1)
-    return min(max(deadline, now + max(end - now, 0.0) / n_left), end)
+    return guard_late_stage(deadline, end, now, math.ceil(program.expected_stages) - stage)
 
 
 class Cluster:

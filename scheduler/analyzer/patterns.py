@@ -279,6 +279,15 @@ def plan_from_phi(
     return StagePlan(phi, sub, deadline, source, similarity, matched_slot)
 
 
+def guard_late_stage(deadline_abs: float, program_end: float, now: float, stages_left: int) -> float:
+    """A stage's absolute sub-deadline, never below an even split of what is left of the program's
+    deadline over its remaining stages (`stages_left`, this one included) and never past that deadline.
+    A stage that starts late must not inherit a sub-deadline that has already passed while the program
+    as a whole can still finish. The router applies it to every stage; the simulator does too."""
+    remaining = max(program_end - now, 0.0)
+    return min(max(deadline_abs, now + remaining / max(stages_left, 1)), program_end)
+
+
 def uniform_plan(stages: int, deadline: float) -> StagePlan:
     """Fallback: equal stage shares (the paper's 'treat stages uniformly' baseline)."""
     if stages < 1:

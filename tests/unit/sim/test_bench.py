@@ -145,7 +145,8 @@ def test_the_calibration_trace_sets_the_simulated_speed(line: dict) -> None:
 
 def test_the_real_runs_are_shown_per_class_as_the_demo_scores_them(line: dict) -> None:
     record = _record(2.0, line["samples"])
-    table = bench_cli.real_class_table(record)
+    _jobs, real = bench_cli.real_runs(record)
+    table = bench_cli.real_class_table(real, record["slo_scale"])
     assert table is not None
     rows = {r.split()[0]: r for r in table.splitlines()[2:]}
     assert set(rows) == {"latency", "deadline", "compound", "total"}
@@ -157,5 +158,5 @@ def test_the_real_runs_are_shown_per_class_as_the_demo_scores_them(line: dict) -
         results = [bench_cli._result_from_json(d, j) for d, j in zip(recorded, jobs, strict=True)]
         want = demo.total(demo.score(results, record["slo_scale"])).goodput
         assert float(rows["total"].split()[col].replace(",", "")) == pytest.approx(want, abs=0.5)
-    del record["runs"]["vllm"]
-    assert bench_cli.real_class_table(record) is None
+    del real["vllm"]
+    assert bench_cli.real_class_table(real, record["slo_scale"]) is None
