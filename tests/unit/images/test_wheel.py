@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -53,6 +54,7 @@ class Installed:
     wheel: Path
     context: Path  # the copied build context the wheel was built from
     cwd: Path  # an empty directory to run from: no source tree on sys.path
+    tmpdir: Path  # the processes' TMPDIR
     env: dict[str, str]
 
     @property
@@ -96,9 +98,9 @@ def _pip(*args: str, cwd: Path) -> None:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     tmp = tmp_path_factory.mktemp("wheel")
-    context, dist, venv, cwd = tmp / "context", tmp / "dist", tmp / "venv", tmp / "cwd"
-    context.mkdir()
-    cwd.mkdir()
+    context, dist, venv, cwd, tmpdir = tmp / "context", tmp / "dist", tmp / "venv", tmp / "cwd", tmp / "tmp"
+    for d in (context, cwd, tmpdir):
+        d.mkdir()
     _build_context(context)
     # The project venv's setuptools (the dev extra's setuptools>=77, as [build-system] requires).
     _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(context), cwd=tmp)
@@ -107,8 +109,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     # Installed before the .pth below exists, so pip sees an empty environment (no editable jitserve).
     _pip("--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-index", str(wheel), cwd=tmp)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", PYTHONNOUSERSITE="1")
-    inst = Installed(venv=venv, wheel=wheel, context=context, cwd=cwd, env=env)
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", PYTHONNOUSERSITE="1", TMPDIR=str(tmpdir)
+    )
+    inst = Installed(venv=venv, wheel=wheel, context=context, cwd=cwd, tmpdir=tmpdir, env=env)
     deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (inst.site_packages / "zz_project_venv_deps.pth").write_text("".join(f"{p}\n" for p in sorted(deps)))
     return inst
@@ -213,7 +217,12 @@ def test_image_check_runs_from_the_wheel(installed: Installed, image: str) -> No
         argv = out.stdout.splitlines()[-1].split()
         for flag in ("--scheduler-cls", "--middleware"):
             module, _, attr = argv[argv.index(flag) + 1].rpartition(".")
-            assert f"jitserve/{module.removeprefix('jitserve.').replace('.', '/')}.py" in installed.names()
+            path = f"jitserve/{module.removeprefix('jitserve.').replace('.', '/')}.py"
+            with zipfile.ZipFile(installed.wheel) as zf:
+                source = zf.read(path).decode()
+            assert re.search(rf"^class {attr}\b", source, re.MULTILINE), f"{flag}: no class {attr} in {path}"
+        # The images run it as root at build time: it must leave no runtime dir behind ($TMPDIR's).
+        assert not list(installed.tmpdir.glob("jitserve-engine-*"))
     else:
         assert "usage: jitserve" in out.stdout
 
