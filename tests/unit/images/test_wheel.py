@@ -274,4 +274,7 @@ def test_router_serves_healthz_from_the_wheel(installed: Installed) -> None:
             proc.kill()
             proc.wait()
     log = proc.stdout.read()
+    # uvicorn shuts down gracefully, then re-raises the SIGTERM it handled (exit status -15).
+    assert proc.returncode in (0, -signal.SIGTERM), f"router exited {proc.returncode} on SIGTERM:\n{log}"
+    assert "Application shutdown complete" in log, log
     assert "Traceback" not in log, log
