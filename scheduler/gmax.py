@@ -21,6 +21,7 @@ import numpy as np
 from jitserve.scheduler.requests import BEST_EFFORT, LATENCY, RequestTable
 
 _EPS = 1e-9
+RANKINGS = ("jit", "paper")
 _HUGE_TBT = 1e9  # stands in for "no TBT": only the first token has a due time
 
 
@@ -54,6 +55,9 @@ class GMAXParams:
     fairness: float = 0.0  # f in [0, 1]
     preemption: str = "recompute"  # recompute | swap | auto (cheaper of the two) | never
     oracle: bool = False  # use true lengths instead of upper bounds (oracle JITServe)
+    # jit: reserve what each request needs to stay on schedule, then fill by priority (plan_frame);
+    # paper: Algorithm 1's ranking alone, preemption only at frame boundaries (the ablation)
+    ranking: str = "jit"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -68,6 +72,8 @@ class GMAXParams:
             raise ValueError(f"fairness: must be in [0, 1], got {self.fairness}")
         if self.preemption not in ("recompute", "swap", "auto", "never"):
             raise ValueError(f"preemption: must be recompute, swap, auto or never, got {self.preemption!r}")
+        if self.ranking not in RANKINGS:
+            raise ValueError(f"ranking: must be one of {', '.join(RANKINGS)}, got {self.ranking!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +139,11 @@ def analyze(
         tbt = np.minimum(table.tbt[slots][lat], _HUGE_TBT)
         g = generated[lat].astype(np.float64)
         n = total[lat].astype(np.float64)
-        x = start + prefill_time[lat] + (1.0 - g) * v - a - ttft  # on time iff j * (tbt - v) >= x
-        slope = tbt - v
+        # per-slot start and speed (placement's K dummies, margin delays) down to the latency rows
+        start_lat = start[lat] if np.ndim(start) else start
+        v_lat = v[lat] if np.ndim(v) else v
+        x = start_lat + prefill_time[lat] + (1.0 - g) * v_lat - a - ttft  # on time iff j * (tbt - v) >= x
+        slope = tbt - v_lat
         with np.errstate(divide="ignore", invalid="ignore"):
             bound = x / slope
         j_min = np.where(slope > 0, np.ceil(bound - 1e-12), 0.0)
@@ -145,7 +154,7 @@ def analyze(
         hi = np.minimum(n - 1, j_max)
         on_time = np.clip(hi - lo + 1.0, 0.0, None)
         goodput[lat] = w_out[lat] * on_time
-        t_rem[lat] = a + ttft + (n - 1) * np.minimum(tbt, 1e6) - start
+        t_rem[lat] = a + ttft + (n - 1) * np.minimum(tbt, 1e6) - start_lat
 
     is_best_effort = slo_type == BEST_EFFORT
     # Best-effort work never becomes infeasible: its default deadline only sets its pace.
@@ -206,10 +215,16 @@ class FramePlan:
 
 
 def expired(table: RequestTable, now: float, slots: np.ndarray | None = None) -> np.ndarray:
-    """Slots never scheduled whose waiting_time has passed (JITServe §5's admission control)."""
+    """Slots never scheduled whose waiting_time has passed (JITServe §5's admission control).
+
+    Best-effort work has no SLO to miss: dropping it after a wait turns "slow" into "failed", so it is
+    never dropped here (it waits for capacity no SLO needs; docs/decisions/core.md).
+    """
     if slots is None:
         slots = table.active_slots()
-    mask = ~table.started[slots] & (table.waiting_deadline[slots] < now)
+    mask = (
+        ~table.started[slots] & (table.waiting_deadline[slots] < now) & (table.slo_type[slots] != BEST_EFFORT)
+    )
     return slots[mask]
 
 
@@ -221,7 +236,7 @@ def plan_frame(
     tenant_fair: np.ndarray | None = None,
     drop_expired: bool = True,
 ) -> FramePlan:
-    """GMAX for one frame: analyze, select the group, decide preemptions against their cost."""
+    """GMAX for one frame: analyze, rank (`params.ranking`), decide preemptions against their cost."""
     slots = table.active_slots()
     drop = expired(table, now, slots) if drop_expired else slots[:0]
     if drop.size:
@@ -230,6 +245,20 @@ def plan_frame(
         empty = slots[:0]
         return FramePlan(empty, empty, empty, drop)
     an = analyze(table, now, speed, params, slots, tenant_fair)
+    if params.ranking == "jit":
+        return _plan_jit(table, now, speed, params, slots, an, drop)
+    return _plan_paper(table, slots, an, speed, params, drop)
+
+
+def _plan_paper(
+    table: RequestTable,
+    slots: np.ndarray,
+    an: Analysis,
+    speed: EngineSpeed,
+    params: GMAXParams,
+    drop: np.ndarray,
+) -> FramePlan:
+    """Algorithm 1 as written: the length window of the highest priorities, kept until done."""
     batch = params.batch_size
     feasible_pos = np.flatnonzero(an.feasible)
     group_pos = feasible_pos[
@@ -291,6 +320,167 @@ def _worthwhile_preemptions(
     loss = np.where(an.feasible[victims], loss * table.w_out[slots[victims]], 0.0)
     worth = gain > loss
     # victims are sorted by value: once a pair does not pay, later pairs gain less and cost no less
+    count = pairs if worth.all() else int(np.argmin(worth))
+    return victims[:count]
+
+
+def margin_goodput(
+    table: RequestTable,
+    now: float,
+    speed: EngineSpeed,
+    params: GMAXParams,
+    slots: np.ndarray,
+    value_now: np.ndarray,
+    delay: float | np.ndarray,
+) -> np.ndarray:
+    """Goodput each slot loses if its service starts `delay` seconds later than now.
+
+    Zero for work with slack (a deadline still met after the delay, best-effort work); the late
+    tokens of a stream; all of it for a deadline the delay makes infeasible, or for a request the
+    delay pushes past its waiting_time (it would be dropped). `value_now` is the goodput achievable
+    now (0 where infeasible), aligned with `slots`.
+    """
+    late = analyze(table, now, speed, params, slots, queue_delay=delay)
+    value_late = np.where(late.feasible, late.goodput, 0.0)
+    dropped = (
+        ~table.started[slots]
+        & (table.waiting_deadline[slots] < now + delay)
+        & (table.slo_type[slots] != BEST_EFFORT)
+    )
+    value_late = np.where(dropped, 0.0, value_late)
+    return np.maximum(value_now - value_late, 0.0)
+
+
+def _plan_jit(
+    table: RequestTable,
+    now: float,
+    speed: EngineSpeed,
+    params: GMAXParams,
+    slots: np.ndarray,
+    an: Analysis,
+    drop: np.ndarray,
+) -> FramePlan:
+    """Just-in-time GMAX (docs/decisions/core.md, "Just-in-time bandwidth").
+
+    1. Reserve: a request whose service cannot wait one frame without losing goodput (its margin over
+       the frame is > 0) gets a slot, most goodput saved per slot-second first.
+    2. Fill: requests with slack by Algorithm 1 (priority, cutoff, length window) in the slots left.
+    3. Best-effort work takes what no SLO needs; it joins step 2 only as its default deadline nears.
+    Only a reserved request may preempt, and only a running one that can wait (not reserved), when the
+    goodput it saves beats what the victim and the stalled batch lose.
+    """
+    B = params.batch_size  # noqa: N806 (the paper's name)
+    horizon = params.frame_steps * speed.step_time
+    value_now = np.where(an.feasible, an.goodput, 0.0)
+    margin = margin_goodput(table, now, speed, params, slots, value_now, horizon)
+    is_be = table.slo_type[slots] == BEST_EFFORT
+    urgent = an.feasible & (margin > _EPS) & ~is_be
+    be_due = is_be & (table.deadline_abs[slots] - now < an.t_gen + horizon)
+    slack = an.feasible & ~urgent & (~is_be | be_due)
+    spare = an.feasible & is_be & ~be_due
+
+    urgent_pos = np.flatnonzero(urgent)
+    density = margin[urgent_pos] / np.minimum(an.t_gen[urgent_pos], horizon)
+    urgent_pos = urgent_pos[np.argsort(-density, kind="stable")]
+    slack_pos = np.flatnonzero(slack)
+    room = max(B - urgent_pos.size, 0)
+    if room and slack_pos.size:
+        group = slack_pos[
+            select_group(an.priority[slack_pos], table.input_len[slots][slack_pos], room, params.cutoff)
+        ]
+        group = group[:room]
+    else:
+        group = slack_pos[:0]
+    in_group = np.zeros(slots.size, dtype=bool)
+    in_group[group] = True
+    slack_rest = np.flatnonzero(slack & ~in_group)
+    by_priority = lambda mask_pos: mask_pos[np.argsort(-an.priority[mask_pos], kind="stable")]  # noqa: E731
+    order_pos = np.concatenate(
+        [
+            urgent_pos,
+            group,
+            by_priority(slack_rest),
+            by_priority(np.flatnonzero(spare)),
+            by_priority(np.flatnonzero(~an.feasible)),
+        ]
+    )
+
+    running = table.running[slots]
+    reserved = urgent_pos[:B]
+    in_reserved = np.zeros(slots.size, dtype=bool)
+    in_reserved[reserved] = True
+    free = max(B - int(running.sum()), 0)
+    incoming = reserved[~running[reserved]]
+    preempt_pos = incoming[:0]
+    if params.preemption != "never" and incoming.size > free:
+        yielders = np.flatnonzero(running & ~in_reserved)
+        if yielders.size:
+            preempt_pos = _jit_preemptions(
+                table, now, speed, params, slots, an, value_now, incoming[free:], yielders, horizon
+            )
+    kept = running.copy()
+    kept[preempt_pos] = False
+    kept_pos = np.flatnonzero(kept)
+    waiting_order = order_pos[~kept[order_pos]]
+    waiting_order = waiting_order[~np.isin(waiting_order, preempt_pos)]
+    batch_pos = np.concatenate([kept_pos, waiting_order[: max(B - kept_pos.size, 0)]])
+    return FramePlan(
+        order=slots[order_pos],
+        batch=slots[batch_pos],
+        preempt=slots[preempt_pos],
+        drop=drop,
+        analysis=an,
+    )
+
+
+_MAX_PAIRS = 16  # preemptions weighed per plan: bounds the cost of a plan at large B
+
+
+def _jit_preemptions(
+    table: RequestTable,
+    now: float,
+    speed: EngineSpeed,
+    params: GMAXParams,
+    slots: np.ndarray,
+    an: Analysis,
+    value_now: np.ndarray,
+    incoming: np.ndarray,
+    yielders: np.ndarray,
+    horizon: float,
+) -> np.ndarray:
+    """Pair reserved arrivals (most at stake first) with running requests that can yield (cheapest
+    first); preempt while what the arrival saves beats what the victim and the batch lose.
+
+    An arrival's stake is its margin over the time until a slot frees by itself (the j-th earliest
+    running finish, at most a frame). A victim loses its margin over a frame plus its restore stall;
+    every request left running loses its margin over that stall.
+    """
+    pairs = min(incoming.size, yielders.size, _MAX_PAIRS)
+    if pairs == 0:
+        return yielders[:0]
+    running_pos = np.flatnonzero(table.running[slots])
+    t_gen_running = np.sort(an.t_gen[running_pos])
+    natural_wait = np.minimum(t_gen_running[: incoming.size], horizon)
+    if natural_wait.size < incoming.size:
+        natural_wait = np.concatenate([natural_wait, np.full(incoming.size - natural_wait.size, horizon)])
+    stake = margin_goodput(table, now, speed, params, slots[incoming], value_now[incoming], natural_wait)
+    incoming, stake = incoming[np.argsort(-stake, kind="stable")], np.sort(stake)[::-1]
+
+    stall = stall_seconds(table, slots[yielders], speed, params.preemption)
+    victim_loss = margin_goodput(
+        table, now, speed, params, slots[yielders], value_now[yielders], horizon + stall
+    )
+    # The batch that keeps running waits out each victim's restore (a re-prefill or a swap back in).
+    rows = np.tile(running_pos, yielders.size)
+    stalled = margin_goodput(
+        table, now, speed, params, slots[rows], value_now[rows], np.repeat(stall, running_pos.size)
+    ).reshape(yielders.size, running_pos.size)
+    stalled[running_pos[None, :] == yielders[:, None]] = 0.0  # the victim's own loss is victim_loss
+    batch_loss = stalled.sum(axis=1)
+    cost = victim_loss + batch_loss
+    cheapest = np.lexsort((stall, cost))  # equal losses: the cheaper restore yields
+    victims, cost = yielders[cheapest][:pairs], cost[cheapest][:pairs]
+    worth = stake[:pairs] > cost
     count = pairs if worth.all() else int(np.argmin(worth))
     return victims[:count]
 

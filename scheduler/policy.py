@@ -38,15 +38,22 @@ class Policy(Protocol):
 
 @dataclass
 class GMAXPolicy:
-    """JITServe: GMAX with cost-aware preemption, waiting_time drops and online cutoff tuning."""
+    """JITServe: GMAX with cost-aware preemption, waiting_time drops and online cutoff tuning.
+
+    `ranking` overrides `params.ranking`: "jit" (just-in-time bandwidth, the default) or "paper"
+    (Algorithm 1's ranking alone; `jitserve-paper`, kept for the ablation).
+    """
 
     params: GMAXParams = GMAXParams()
     tune_cutoff: bool = True
     tuner_epoch_frames: int = 20
     tenant_fair: np.ndarray | None = None
     name: str = "jitserve"
+    ranking: str | None = None
 
     def __post_init__(self) -> None:
+        if self.ranking is not None:
+            self.params = replace(self.params, ranking=self.ranking)
         self._tuner = CutoffTuner(initial=self.params.cutoff) if self.tune_cutoff else None
         self._epoch_frames = 0
         self._epoch_goodput = 0.0
@@ -54,6 +61,14 @@ class GMAXPolicy:
     @property
     def frame_steps(self) -> int:
         return self.params.frame_steps
+
+    @property
+    def preempts_midframe(self) -> bool:
+        """Whether the engine carries out `plan.preempt` of plans made between frame boundaries.
+
+        Just-in-time GMAX preempts only for a request that would lose goodput before the next frame,
+        so an urgent arrival takes a slot at once; Algorithm 1 preempts at frame boundaries only."""
+        return self.params.ranking == "jit"
 
     def plan(self, table: RequestTable, now: float, speed: EngineSpeed) -> FramePlan:
         return plan_frame(table, now, speed, self.params, self.tenant_fair)
@@ -73,6 +88,11 @@ class GMAXPolicy:
 def oracle_policy(params: GMAXParams = GMAXParams()) -> GMAXPolicy:
     """Oracle JITServe: GMAX with the true lengths (and, in the simulator, the true graphs)."""
     return GMAXPolicy(params=replace(params, oracle=True), name="jitserve-oracle")
+
+
+def paper_policy(params: GMAXParams = GMAXParams()) -> GMAXPolicy:
+    """JITServe with Algorithm 1's ranking alone (no reservation, frame-boundary preemption only)."""
+    return GMAXPolicy(params=params, ranking="paper", name="jitserve-paper")
 
 
 @dataclass
@@ -149,11 +169,13 @@ def make_policy(name: str, batch_size: int, **gmax_overrides: object) -> Policy:
         return GMAXPolicy(params=params)
     if name == "jitserve-oracle":
         return oracle_policy(params)
+    if name == "jitserve-paper":
+        return paper_policy(params)
     simple: dict[str, type[KeyedPolicy]] = {"fcfs": FCFSPolicy, "edf": EDFPolicy, "sjf": SJFPolicy}
     if name in simple:
         return simple[name](batch_size=batch_size)
-    known = ", ".join(["jitserve", "jitserve-oracle", *simple])
+    known = ", ".join(["jitserve", "jitserve-oracle", "jitserve-paper", *simple])
     raise ValueError(f"policy: unknown policy {name!r} (known: {known})")
 
 
-POLICY_NAMES = ("jitserve", "jitserve-oracle", "fcfs", "edf", "sjf")
+POLICY_NAMES = ("jitserve", "jitserve-oracle", "jitserve-paper", "fcfs", "edf", "sjf")

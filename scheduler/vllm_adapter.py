@@ -34,7 +34,7 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus
 
-from jitserve.scheduler.engine.runner import FULL, FrameRunner, RunnerConfig
+from jitserve.scheduler.engine.runner import FrameRunner, RunnerConfig
 from jitserve.scheduler.engine.state import StatePublisher
 from jitserve.scheduler.engine.version import check_vllm_version
 from jitserve.scheduler.gmax import FramePlan
@@ -105,7 +105,7 @@ class JITServeScheduler(AsyncScheduler):
         kind = self.jit.step_kind()
         if kind is not None:
             self._jit_sync()
-            self._jit_apply(self.jit.plan(now, kind), preempt=kind == FULL)
+            self._jit_apply(self.jit.plan(now, kind))
         self._jit_publish(now)  # throttled (PUBLISH_EVERY_S): about every frame, and while frames are long
         output = super().schedule(*args, **kwargs)
         for request in self.running:  # admitted now or before: waiting_time no longer applies
@@ -118,10 +118,11 @@ class JITServeScheduler(AsyncScheduler):
             for rid, r in self.requests.items()
         )
 
-    def _jit_apply(self, plan: FramePlan, preempt: bool) -> None:
-        """Carry out a plan: its preemptions (frames only), its drops, then its queue order."""
+    def _jit_apply(self, plan: FramePlan) -> None:
+        """Carry out a plan: its preemptions (the runner keeps mid-frame ones only for policies that
+        make them), its drops, then its queue order."""
         ids = self.jit.table.ids
-        if preempt and plan.preempt.size:
+        if plan.preempt.size:
             victims = [self.requests[r] for r in ids(plan.preempt) if r in self.requests]
             victims = [r for r in victims if r.status == RequestStatus.RUNNING]
             if victims:

@@ -37,6 +37,7 @@ from jitserve.scheduler.requests import LATENCY, NewRequest, RequestTable
 from jitserve.sim.profiles import BatchTimeModel, Profile
 
 _IDLE_WAKE_S = 0.05  # an engine with queued but unadmitted work re-checks after this long
+_SPEED_STEP = 1.02  # the policies see v_token rounded to this ratio
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,11 +185,14 @@ class Engine:
         return self._kv_cache
 
     def speed(self) -> EngineSpeed:
-        # Rebuilt only when v_token moved by more than 2%: EngineSpeed validates on construction.
+        # v_token in 2% steps: EngineSpeed validates on construction, so it is rebuilt only when the
+        # step changes, and the speed is a function of v_token alone, never of how often it is read
+        # (the router model reads it at every arrival; a replay does not).
+        step = _SPEED_STEP ** round(math.log(self._v_token) / math.log(_SPEED_STEP))
         cached = self._speed
-        if cached is None or abs(float(cached.step_time) - self._v_token) > 0.02 * self._v_token:
+        if cached is None or float(cached.step_time) != step:
             cached = EngineSpeed(
-                step_time=self._v_token,
+                step_time=step,
                 prefill_tokens_per_s=self._prefill_rate,
                 swap_bytes_per_s=self.profile.swap_bytes_per_s,
                 kv_bytes_per_token=self.profile.model.kv_bytes_per_token,

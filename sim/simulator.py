@@ -306,14 +306,15 @@ def simulate(
                 deadline_abs=deadline if prog.slo_type is not SLOType.LATENCY else None,
                 program_goodput=share,
             )
-            target, req = cluster.route(req, now)
+            first_by, abort_at = aborts(prog, stage_idx, call, now) if aborts else (math.inf, math.inf)
+            # cancelled on arrival (a replayed 429) or rejected by admission: the engine never sees it
+            target, req = (None, req) if abort_at <= now else cluster.route(req, now)
             if target is None:
                 st.rejected = True
                 st.dropped = True
                 st.records.append(RequestRecord(prog.slo, now, call.input_len, dropped=True))
                 st.pending -= 1
                 continue
-            first_by, abort_at = aborts(prog, stage_idx, call, now) if aborts else (math.inf, math.inf)
             info = CallInfo(req.request_id, call.output_len, feats, (i, stage_idx, j), first_by, abort_at)
             engines[target].add(req, info, now)
         if st.pending == 0 and st.dropped:

@@ -412,8 +412,8 @@ class FrameRunner:
         if kind == FULL:
             self._last_plan = plan
             self._last_plan_ids = self.table.ids(plan.order)
-        else:
-            plan = replace(plan, preempt=plan.preempt[:0])
+        elif not getattr(self.policy, "preempts_midframe", False):
+            plan = replace(plan, preempt=plan.preempt[:0])  # Algorithm 1: preempt at frame boundaries
         self._dirty = False
         return plan
 

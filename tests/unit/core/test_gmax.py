@@ -108,21 +108,24 @@ def test_infeasible_never_ahead_of_feasible(reqs, b, now):
         assert all(s in in_batch for f, s in zip(feasible, plan.order.tolist(), strict=True) if f)
 
 
-def _run_frames(delta: float, frames: int) -> bool:
+PAPER = GMAXParams(ranking="paper")
+
+
+def _run_frames(delta: float, frames: int, ranking: str = "paper", be_deadline: float = 8e4) -> bool:
     """One old, low-priority best-effort request against a steady stream of short, valuable ones.
     Returns whether the old request ever got a batch slot."""
     table = RequestTable()
     table.add(
         NewRequest(
             "old",
-            SLO.best_effort(deadline=8e4, waiting_time=8e4),
+            SLO.best_effort(deadline=be_deadline, waiting_time=8e4),
             arrival=0.0,
             input_len=10,
             max_tokens=500,
             len_ub=500,
         )
     )
-    params = GMAXParams(batch_size=2, starvation_delta=delta, preemption="never")
+    params = GMAXParams(batch_size=2, starvation_delta=delta, preemption="never", ranking=ranking)
     now, k = 0.0, 0
     for _ in range(frames):
         while len(table) < 4:  # keep three short requests queued
@@ -139,8 +142,8 @@ def _run_frames(delta: float, frames: int) -> bool:
 
 
 def test_starvation_delta_eventually_schedules_every_request():
-    # old: goodput 510 over t_gen 25 s; the shorts: 505 over 0.3 s. With delta = 50 the old one
-    # overtakes after (505 / 0.3 * 25 - 510) / 50 ~ 831 frames.
+    # Algorithm 1's ranking: old: goodput 510 over t_gen 25 s; the shorts: 505 over 0.3 s. With
+    # delta = 50 the old one overtakes after (505 / 0.3 * 25 - 510) / 50 ~ 831 frames.
     assert _run_frames(delta=50.0, frames=900)
 
 
@@ -149,11 +152,23 @@ def test_without_starvation_delta_the_old_request_starves():
     assert not _run_frames(delta=0.0, frames=300)
 
 
-def _two_running_one_waiting(victim_input_len: int, incoming_deadline: float):
+def test_jit_best_effort_runs_once_its_default_deadline_nears():
+    # Just in time, best-effort work takes only capacity no SLO needs, until its default deadline
+    # (100 s here) comes within its service time plus a frame: then it competes by priority, and its
+    # priority (510 / 25 s = 20) beats none of the shorts (1680): it needs the starvation term too.
+    assert _run_frames(delta=50.0, frames=100, ranking="jit", be_deadline=100.0) is False
+    assert _run_frames(delta=50.0, frames=900, ranking="jit", be_deadline=100.0)
+    # with a default deadline far away it stays behind the SLO work all along
+    assert not _run_frames(delta=50.0, frames=900, ranking="jit", be_deadline=8e4)
+
+
+def _two_running_one_waiting(
+    victim_input_len: int, incoming_deadline: float, keep_ub: int = 400, keep_deadline: float = 1000.0
+):
     """`keep` and `victim` run; `urgent` waits. The victim's value is its output only, so a huge
     prompt makes it expensive to restore without making it valuable."""
     table = RequestTable()
-    table.add(deadline_request("keep", 1000.0, input_len=10, ub=10))
+    table.add(deadline_request("keep", keep_deadline, input_len=10, ub=keep_ub))
     output_only = SLO.deadline_slo(1000.0, waiting_time=1e4, weights=GoodputWeights(input=0, output=1))
     table.add(NewRequest("victim", output_only, arrival=0.0, input_len=victim_input_len, max_tokens=400))
     for rid in ("keep", "victim"):
@@ -165,31 +180,64 @@ def _two_running_one_waiting(victim_input_len: int, incoming_deadline: float):
 
 def test_preempts_when_gain_beats_stall():
     table = _two_running_one_waiting(victim_input_len=100, incoming_deadline=3.0)
+    plan = plan_frame(table, 0.0, SPEED, GMAXParams(batch_size=2, ranking="paper"))
+    assert table.ids(plan.preempt) == ["victim"]  # Algorithm 1: the least valuable one
+    assert "urgent" in table.ids(plan.batch)
+    # Just in time, both can wait a frame at no loss: the one cheaper to restore yields
     plan = plan_frame(table, 0.0, SPEED, GMAXParams(batch_size=2))
-    assert table.ids(plan.preempt) == ["victim"]
+    assert table.ids(plan.preempt) == ["keep"]
     assert "urgent" in table.ids(plan.batch)
 
 
-def test_no_preemption_when_the_stall_costs_more():
+def test_paper_no_preemption_when_the_stall_costs_more():
     # restoring a 200k-token victim stalls the whole batch for 20 s: not worth one urgent request
     table = _two_running_one_waiting(victim_input_len=200_000, incoming_deadline=3.0)
-    plan = plan_frame(table, 0.0, SPEED, GMAXParams(batch_size=2))
+    plan = plan_frame(table, 0.0, SPEED, GMAXParams(batch_size=2, ranking="paper"))
     assert plan.preempt.size == 0
     assert "urgent" not in table.ids(plan.batch)
     assert table.ids(plan.order)[0] == "urgent"  # it still heads the queue for the next free slot
 
 
-def test_never_mode_and_free_slots_do_not_preempt():
+def test_jit_no_preemption_when_the_stall_makes_the_batch_miss():
+    # Just in time, a stall costs what it makes late. `keep` (20 s of work left, 21.5 s to its
+    # deadline) cannot yield a frame, and the 20 s restore of `victim` would push it past its deadline:
+    # that is worth more than the urgent request.
+    table = _two_running_one_waiting(victim_input_len=200_000, incoming_deadline=3.0, keep_deadline=21.5)
+    plan = plan_frame(table, 0.0, SPEED, GMAXParams(batch_size=2))
+    assert plan.preempt.size == 0
+    assert set(table.ids(plan.order[:2])) == {"keep", "urgent"}  # both reserved; keep runs on
+    # with slack for the stall, `keep` loses nothing: the urgent request goes in
+    table = _two_running_one_waiting(victim_input_len=200_000, incoming_deadline=3.0, keep_deadline=1000.0)
+    plan = plan_frame(table, 0.0, SPEED, GMAXParams(batch_size=2))
+    assert plan.preempt.size == 1 and "urgent" in table.ids(plan.batch)
+
+
+def test_jit_waits_for_a_slot_that_frees_in_time_instead_of_preempting():
+    # `keep` ends in 0.45 s; the urgent request (1 s of work, 3 s to its deadline) can wait for it.
+    table = _two_running_one_waiting(victim_input_len=100, incoming_deadline=3.0, keep_ub=10)
+    plan = plan_frame(table, 0.0, SPEED, GMAXParams(batch_size=2))
+    assert plan.preempt.size == 0
+    assert table.ids(plan.order)[0] == "urgent"
+    # Algorithm 1 preempts anyway (its gain ignores that a slot frees within the frame)
+    assert plan_frame(table, 0.0, SPEED, GMAXParams(batch_size=2, ranking="paper")).preempt.size == 1
+
+
+@pytest.mark.parametrize("ranking", ["jit", "paper"])
+def test_never_mode_and_free_slots_do_not_preempt(ranking):
     table = _two_running_one_waiting(victim_input_len=100, incoming_deadline=3.0)
-    assert plan_frame(table, 0.0, SPEED, GMAXParams(batch_size=2, preemption="never")).preempt.size == 0
-    assert plan_frame(table, 0.0, SPEED, GMAXParams(batch_size=3)).preempt.size == 0
+    never = GMAXParams(batch_size=2, preemption="never", ranking=ranking)
+    assert plan_frame(table, 0.0, SPEED, never).preempt.size == 0
+    assert plan_frame(table, 0.0, SPEED, GMAXParams(batch_size=3, ranking=ranking)).preempt.size == 0
 
 
-def test_swap_is_costed_by_bandwidth():
+@pytest.mark.parametrize("ranking", ["jit", "paper"])
+def test_swap_is_costed_by_bandwidth(ranking):
     slow_swap = EngineSpeed(step_time=0.05, prefill_tokens_per_s=1e4, swap_bytes_per_s=1e3)
     table = _two_running_one_waiting(victim_input_len=100, incoming_deadline=3.0)
-    assert plan_frame(table, 0.0, slow_swap, GMAXParams(batch_size=2, preemption="swap")).preempt.size == 0
-    assert plan_frame(table, 0.0, slow_swap, GMAXParams(batch_size=2, preemption="auto")).preempt.size == 1
+    swap = GMAXParams(batch_size=2, preemption="swap", ranking=ranking)
+    auto = GMAXParams(batch_size=2, preemption="auto", ranking=ranking)
+    assert plan_frame(table, 0.0, slow_swap, swap).preempt.size == 0
+    assert plan_frame(table, 0.0, slow_swap, auto).preempt.size == 1
 
 
 def test_waiting_time_drops_only_unstarted_requests():

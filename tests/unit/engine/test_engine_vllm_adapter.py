@@ -36,7 +36,8 @@ from jitserve.scheduler.vllm_adapter import JITServeScheduler, drop_message  # n
 CLASSES = {
     "tight": {"type": "deadline", "deadlineSeconds": 5.0, "waitingTimeSeconds": 30.0},
     "loose": {"type": "deadline", "deadlineSeconds": 500.0, "waitingTimeSeconds": 30.0},
-    "quick-drop": {"type": "best-effort", "deadlineSeconds": 300.0, "waitingTimeSeconds": 1.0},
+    "quick-drop": {"type": "deadline", "deadlineSeconds": 300.0, "waitingTimeSeconds": 1.0},
+    "patient-batch": {"type": "best-effort", "deadlineSeconds": 300.0, "waitingTimeSeconds": 1.0},
 }
 
 
@@ -140,6 +141,22 @@ def test_expired_request_is_dropped_with_a_readable_reason(
     assert "late" not in s.requests and "late" not in s.jit
     assert s.jit.dropped_total == 1 and s.jit.window.totals["quick-drop"].dropped == 1
     assert "busy" in s.requests  # the running request is untouched
+
+
+def test_best_effort_waits_past_its_waiting_time(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Best-effort work has no SLO to miss: it waits for a slot instead of being dropped."""
+    s = sched(tiny_model_dir, monkeypatch, "jitserve", max_num_seqs=1)
+    s.add_request(make_request("busy", {"slo_class": "loose"}, max_tokens=3))
+    step(s)
+    s.add_request(make_request("batch", {"slo_class": "patient-batch"}, age_s=1.5, max_tokens=2))
+    finished: dict[str, object] = {}
+    while s.has_requests():
+        _, outputs = step(s)
+        finished.update({o.request_id: o.finish_reason for o in outputs if o.finish_reason is not None})
+    assert finished["batch"] == FinishReason.LENGTH
+    assert s.jit.dropped_total == 0
 
 
 def test_only_dropping_policies_drop(

@@ -1,0 +1,159 @@
+"""Just-in-time GMAX (docs/decisions/core.md, "Just-in-time bandwidth"): what each request needs to stay
+on schedule is reserved first, work with slack fills the rest, best-effort takes what no SLO needs.
+
+Each test also runs Algorithm 1's ranking (`ranking="paper"`) where it decides differently, so a JIT
+implementation that fell back to the paper's ranking would fail here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import deadline_request
+
+from jitserve.scheduler.gmax import EngineSpeed, GMAXParams, analyze, expired, margin_goodput, plan_frame
+from jitserve.scheduler.policy import POLICY_NAMES, make_policy
+from jitserve.scheduler.requests import NewRequest, RequestTable
+from jitserve.scheduler.slo import SLO
+
+SPEED = EngineSpeed(step_time=0.05, prefill_tokens_per_s=2000.0)
+JIT = GMAXParams(batch_size=4)
+PAPER = GMAXParams(batch_size=4, ranking="paper")
+
+
+def _running(table: RequestTable, rid: str, generated: int = 1) -> None:
+    table.set_running(rid, True)
+    table.progress(rid, generated=generated, computed=int(table.input_len[table.slot(rid)]) + generated)
+
+
+def _full_batch_of_loose_deadlines(table: RequestTable, n: int = 4) -> None:
+    for i in range(n):
+        table.add(deadline_request(f"loose{i}", deadline=600.0, input_len=200, ub=300))
+        _running(table, f"loose{i}")
+
+
+def _chat(rid: str, arrival: float = 0.0, ttft: float = 1.0, tbt: float = 0.1) -> NewRequest:
+    slo = SLO.latency(ttft=ttft, tbt=tbt, waiting_time=5.0)
+    return NewRequest(rid, slo, arrival=arrival, input_len=100, max_tokens=200, len_ub=200)
+
+
+def test_a_chat_behind_a_full_batch_of_loose_work_preempts_at_once():
+    table = RequestTable()
+    _full_batch_of_loose_deadlines(table)
+    table.add(_chat("chat"))
+    plan = plan_frame(table, 0.0, SPEED, JIT)
+    assert plan.preempt.size == 1
+    assert "chat" in table.ids(plan.batch)
+    assert table.ids(plan.order)[0] == "chat"
+    assert make_policy("jitserve", 4).preempts_midframe  # the engine carries it out mid-frame
+    # Algorithm 1 values the loose work's prompt tokens: the chat waits for a slot to free
+    assert "chat" not in table.ids(plan_frame(table, 0.0, SPEED, PAPER).batch)
+    assert not make_policy("jitserve-paper", 4).preempts_midframe
+
+
+def test_work_with_slack_is_not_reserved_until_a_frame_before_it_would_miss():
+    table = RequestTable()
+    table.add(deadline_request("d", deadline=30.0, input_len=0, ub=100))  # 5 s of work
+    slots = table.active_slots()
+    horizon = JIT.frame_steps * SPEED.step_time  # 2.5 s
+    value = analyze(table, 0.0, SPEED, JIT).goodput
+    assert margin_goodput(table, 0.0, SPEED, JIT, slots, value, horizon)[0] == 0.0  # 25 s of slack
+    late = 30.0 - 5.0 - horizon + 0.1  # slack now shorter than a frame
+    value = analyze(table, late, SPEED, JIT).goodput
+    assert margin_goodput(table, late, SPEED, JIT, slots, value, horizon)[0] == pytest.approx(100.0)
+
+
+def test_a_request_about_to_pass_its_waiting_time_has_all_its_goodput_at_stake():
+    table = RequestTable()
+    table.add(
+        NewRequest("w", SLO.deadline_slo(600.0, waiting_time=3.0), arrival=0.0, input_len=10, max_tokens=10)
+    )
+    slots = table.active_slots()
+    value = analyze(table, 1.0, SPEED, JIT).goodput
+    assert margin_goodput(table, 1.0, SPEED, JIT, slots, value, 2.5)[0] == pytest.approx(value[0])
+    assert margin_goodput(table, 1.0, SPEED, JIT, slots, value, 1.0)[0] == 0.0
+
+
+def test_best_effort_takes_only_capacity_no_slo_needs():
+    table = RequestTable()
+    # a prompt-heavy best-effort job: Algorithm 1 ranks it first (its prompt tokens count as goodput)
+    table.add(NewRequest("batch", SLO.best_effort(), arrival=0.0, input_len=2000, max_tokens=50, len_ub=50))
+    for i in range(4):
+        table.add(deadline_request(f"d{i}", deadline=60.0, input_len=50, ub=100))
+    assert "batch" in table.ids(plan_frame(table, 0.0, SPEED, PAPER).batch)
+    plan = plan_frame(table, 0.0, SPEED, JIT)
+    assert "batch" not in table.ids(plan.batch)
+    assert table.ids(plan.order)[-1] == "batch"
+    # with a slot no SLO work needs, it runs (work conservation)
+    table.remove("d3")
+    assert "batch" in table.ids(plan_frame(table, 0.0, SPEED, JIT).batch)
+
+
+def test_best_effort_is_never_dropped_for_waiting():
+    table = RequestTable()
+    table.add(NewRequest("be", SLO.best_effort(waiting_time=1.0), arrival=0.0, input_len=5, max_tokens=5))
+    table.add(NewRequest("d", SLO.deadline_slo(20, waiting_time=1.0), arrival=0.0, input_len=5, max_tokens=5))
+    assert table.ids(expired(table, 10.0)) == ["d"]
+    assert table.ids(plan_frame(table, 10.0, SPEED, JIT).drop) == ["d"]
+
+
+def test_a_stream_with_slack_yields_to_one_about_to_miss_its_first_token():
+    table = RequestTable()
+    _full_batch_of_loose_deadlines(table, n=3)
+    # a stream 60 tokens in at 50 ms/token against a 100 ms TBT: 3 s ahead of its timeline
+    table.add(_chat("ahead", arrival=0.0, ttft=1.0, tbt=0.1))
+    _running(table, "ahead", generated=60)
+    now = 0.95 + 60 * 0.05
+    # the other three have 0.5 s of slack: they cannot yield a frame, so only the stream ahead can
+    for i in range(3):
+        table.deadline_abs[table.slot(f"loose{i}")] = now + 300 * 0.05 + 0.5
+    table.add(_chat("new", arrival=now))
+    plan = plan_frame(table, now, SPEED, JIT)
+    assert table.ids(plan.preempt) == ["ahead"]
+    assert "new" in table.ids(plan.batch)
+
+
+def test_a_stream_on_its_timeline_is_reserved_and_kept():
+    table = RequestTable()
+    table.add(_chat("on-time", arrival=0.0, ttft=1.0, tbt=0.06))  # 10 ms per token of margin only
+    _running(table, "on-time", generated=10)
+    for i in range(3):
+        table.add(deadline_request(f"loose{i}", deadline=600.0, input_len=200, ub=300))
+        _running(table, f"loose{i}")
+    table.add(_chat("new", arrival=1.5))
+    plan = plan_frame(table, 1.5, SPEED, JIT)
+    assert "on-time" in table.ids(plan.batch)
+    assert "on-time" not in table.ids(plan.preempt)
+    assert "new" in table.ids(plan.batch)
+
+
+def test_everything_runs_when_it_fits():
+    table = RequestTable()
+    table.add(_chat("c"))
+    table.add(deadline_request("d", deadline=600.0))
+    table.add(NewRequest("be", SLO.best_effort(), arrival=0.0, input_len=5, max_tokens=5))
+    plan = plan_frame(table, 0.0, SPEED, JIT)
+    assert sorted(table.ids(plan.batch)) == ["be", "c", "d"]
+    assert plan.preempt.size == 0
+
+
+def test_analyze_with_per_slot_delays_matches_one_request_at_a_time():
+    table = RequestTable()
+    table.add(_chat("a"))
+    table.add(deadline_request("b", deadline=10.0))
+    table.add(_chat("c", ttft=0.5, tbt=0.2))
+    slots = table.active_slots()
+    delays = np.array([0.3, 1.0, 2.0])
+    together = analyze(table, 0.0, SPEED, JIT, slots, queue_delay=delays)
+    for i, slot in enumerate(slots):
+        alone = analyze(table, 0.0, SPEED, JIT, slots[i : i + 1], queue_delay=float(delays[i]))
+        assert together.goodput[i] == pytest.approx(alone.goodput[0]), int(slot)
+        assert together.t_rem[i] == pytest.approx(alone.t_rem[0])
+
+
+def test_the_paper_ranking_stays_selectable():
+    assert "jitserve-paper" in POLICY_NAMES
+    assert make_policy("jitserve-paper", 4).params.ranking == "paper"
+    assert make_policy("jitserve", 4).params.ranking == "jit"
+    with pytest.raises(ValueError, match="ranking"):
+        GMAXParams(ranking="fastest")
