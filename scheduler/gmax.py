@@ -372,8 +372,22 @@ def _plan_jit(
     B = params.batch_size  # noqa: N806 (the paper's name)
     horizon = params.frame_steps * speed.step_time
     value_now = np.where(an.feasible, an.goodput, 0.0)
-    margin = margin_goodput(table, now, speed, params, slots, value_now, horizon)
     is_be = table.slo_type[slots] == BEST_EFFORT
+    # Exactly zero without a second pass: best-effort work (never reserved), infeasible work, and
+    # deadline work with a frame of slack that no drop can catch within the frame.
+    maybe = (
+        an.feasible
+        & ~is_be
+        & (
+            (table.slo_type[slots] == LATENCY)
+            | (an.t_rem - an.t_gen < horizon)
+            | (~table.started[slots] & (table.waiting_deadline[slots] < now + horizon))
+        )
+    )
+    margin = np.zeros(slots.size)
+    if maybe.any():
+        pos = np.flatnonzero(maybe)
+        margin[pos] = margin_goodput(table, now, speed, params, slots[pos], value_now[pos], horizon)
     urgent = an.feasible & (margin > _EPS) & ~is_be
     be_due = is_be & (table.deadline_abs[slots] - now < an.t_gen + horizon)
     slack = an.feasible & ~urgent & (~is_be | be_due)
@@ -416,13 +430,12 @@ def _plan_jit(
         yielders = np.flatnonzero(running & ~in_reserved)
         if yielders.size:
             preempt_pos = _jit_preemptions(
-                table, now, speed, params, slots, an, value_now, incoming[free:], yielders, horizon
+                table, now, speed, params, slots, an, value_now, margin, incoming[free:], yielders, horizon
             )
     kept = running.copy()
     kept[preempt_pos] = False
     kept_pos = np.flatnonzero(kept)
-    waiting_order = order_pos[~kept[order_pos]]
-    waiting_order = waiting_order[~np.isin(waiting_order, preempt_pos)]
+    waiting_order = order_pos[~running[order_pos]]  # the preempted wait for the next frame
     batch_pos = np.concatenate([kept_pos, waiting_order[: max(B - kept_pos.size, 0)]])
     return FramePlan(
         order=slots[order_pos],
@@ -444,6 +457,7 @@ def _jit_preemptions(
     slots: np.ndarray,
     an: Analysis,
     value_now: np.ndarray,
+    margin: np.ndarray,
     incoming: np.ndarray,
     yielders: np.ndarray,
     horizon: float,
@@ -458,6 +472,7 @@ def _jit_preemptions(
     pairs = min(incoming.size, yielders.size, _MAX_PAIRS)
     if pairs == 0:
         return yielders[:0]
+    incoming = incoming[:pairs]  # the most urgent first (reservation order): at most `pairs` pair up
     running_pos = np.flatnonzero(table.running[slots])
     t_gen_running = np.sort(an.t_gen[running_pos])
     natural_wait = np.minimum(t_gen_running[: incoming.size], horizon)
@@ -470,13 +485,20 @@ def _jit_preemptions(
     victim_loss = margin_goodput(
         table, now, speed, params, slots[yielders], value_now[yielders], horizon + stall
     )
-    # The batch that keeps running waits out each victim's restore (a re-prefill or a swap back in).
-    rows = np.tile(running_pos, yielders.size)
-    stalled = margin_goodput(
-        table, now, speed, params, slots[rows], value_now[rows], np.repeat(stall, running_pos.size)
-    ).reshape(yielders.size, running_pos.size)
-    stalled[running_pos[None, :] == yielders[:, None]] = 0.0  # the victim's own loss is victim_loss
-    batch_loss = stalled.sum(axis=1)
+    # Only the cheapest few victims (own loss, then restore time) are priced against the batch.
+    few = np.lexsort((stall, victim_loss))[:pairs]
+    yielders, stall, victim_loss = yielders[few], stall[few], victim_loss[few]
+    # The batch that keeps running waits out a victim's restore (a re-prefill or a swap back in).
+    # Margins grow with the delay, so the batch's margin over the longest of these stalls bounds what
+    # any one of them costs (conservative: a preemption is never cheaper than it looks). A request
+    # that loses nothing over a frame loses nothing over a shorter stall: only the others are priced.
+    longest = float(stall.max())
+    exposed_mask = (margin > 0) | (longest > horizon)
+    exposed_mask[yielders] = False  # a victim's own loss is victim_loss
+    exposed = running_pos[exposed_mask[running_pos]]
+    batch_loss = float(
+        margin_goodput(table, now, speed, params, slots[exposed], value_now[exposed], longest).sum()
+    )
     cost = victim_loss + batch_loss
     cheapest = np.lexsort((stall, cost))  # equal losses: the cheaper restore yields
     victims, cost = yielders[cheapest][:pairs], cost[cheapest][:pairs]
