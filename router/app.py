@@ -22,12 +22,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jitserve.router.errors import RouterError
-from jitserve.router.inbound import Kind
+from jitserve.router.inbound import MAX_SLO_SECONDS, Kind
 from jitserve.router.service import Router, error_response
 
 log = logging.getLogger("jitserve.router")
 
-_SECONDS = {"type": "number", "exclusiveMinimum": 0, "description": "seconds"}
+_SECONDS = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SLO_SECONDS, "description": "seconds"}
 _SLO_PROPS: dict[str, Any] = {
     "slo_class": {"type": "string", "description": "name of an SLOClass (header X-SLO-Class)"},
     "deadline": {**_SECONDS, "description": "end-to-end deadline in seconds (header X-SLO-Deadline)"},
@@ -108,7 +108,7 @@ def _openapi(schema: dict[str, Any]) -> dict[str, Any]:
             (401, "missing or invalid API key"),
             (404, "unknown model"),
             (413, "body too large"),
-            (429, "SLO unattainable or router overloaded"),
+            (429, "SLO unattainable, router overloaded, or best-effort queue full"),
             (503, "no replica, or dropped past waiting_time"),
         )
     }
@@ -212,6 +212,15 @@ def serve_app(router: Router, background: list[Callable[[], Awaitable[None]]] | 
 
 
 FAST_PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+# What answers without an API key when keys are configured: the kubelet's probes and Prometheus.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def _authorization(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"authorization":
+            return bytes(value).decode("latin-1")
+    return None
 
 
 class FastPath:
@@ -226,12 +235,30 @@ class FastPath:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = FAST_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
         if kind is None or scope.get("method") != "POST":
+            if (
+                scope["type"] == "http"
+                and scope.get("path") not in PUBLIC_PATHS
+                and self.router.keyring.required
+            ):
+                # Every endpoint but the probes and /metrics needs a key: /v1/models names the models,
+                # /jitserve/status the engines' addresses, the OpenAPI spec the whole surface.
+                try:
+                    self.router.keyring.tenant(_authorization(scope))
+                except RouterError as err:
+                    self.router.metrics.child(self.router.metrics.bad_requests, err.code or "auth").inc()
+                    await error_response(err)(scope, receive, send)
+                    return
             await self.app(scope, receive, send)
             return
         try:
             response = await self.router.handle(kind, Request(scope, receive))
-        except Exception:  # a bug must still answer in the API's error shape, and be logged
-            log.exception("unhandled error in %s", scope.get("path"))
+        except Exception as exc:  # a bug must still answer in the API's error shape, and be logged
+            # with its traceback, but at most once per interval: a client that found the bug could
+            # otherwise fill the logs with it
+            self.router.log_limited(
+                logging.ERROR, f"bug:{type(exc).__name__}", "unhandled error in %s: %r",
+                scope.get("path"), exc, exc_info=True,
+            )  # fmt: skip
             response = error_response(
                 RouterError(500, "internal router error", "api_error", None, "internal")
             )

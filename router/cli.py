@@ -95,6 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_env("down-after", 2),
         help="failed polls in a row before a pod is excluded (connection refused excludes at once)",
     )
+    g.add_argument(
+        "--unresponsive-timeout",
+        type=float,
+        default=_env("unresponsive-timeout", 10.0),
+        help="after a poll or request timed out on a pod, its GET /health gets this long to answer; "
+        "no answer: the pod is down, its requests end (retried elsewhere if nothing was sent yet)",
+    )
 
     g = parser.add_argument_group("SLO classes")
     g.add_argument(
@@ -169,6 +176,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=_env("connect-timeout", 2.0),
         help="engine connect timeout, s",
+    )
+    g.add_argument(
+        "--max-connecting",
+        type=int,
+        default=_env("max-connecting", 64),
+        help="new engine connections set up at once; more wait their turn (not counted in --connect-timeout)",
+    )
+    g.add_argument(
+        "--header-timeout",
+        type=float,
+        default=_env("header-timeout", 30.0),
+        help="streaming: an engine's response headers within this, else the request is retried on another "
+        "engine and the engine probed, s",
+    )
+    g.add_argument(
+        "--best-effort-queue",
+        type=int,
+        default=_env("best-effort-queue", 1024),
+        help="best-effort (no SLO) requests waiting in the router for room at the engines; "
+        "more get 429 queue_full with Retry-After",
+    )
+    g.add_argument(
+        "--best-effort-slots",
+        type=int,
+        default=_env("best-effort-slots", 0),
+        help="best-effort requests open at each engine at once; 0: twice the engine's batch size",
+    )
+    g.add_argument(
+        "--best-effort-max-wait",
+        type=float,
+        default=_env("best-effort-max-wait", 600.0),
+        help="a queued best-effort request gets 503 no_replica only after this long with no usable engine, s",
     )
     g.add_argument(
         "--read-timeout",
@@ -266,8 +305,13 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         max_body_bytes=args.max_body_bytes,
         max_retries=args.max_retries,
         connect_timeout_s=args.connect_timeout,
+        max_connecting=args.max_connecting,
         read_timeout_s=args.read_timeout,
         first_token_grace_s=args.first_token_grace,
+        header_timeout_s=args.header_timeout,
+        best_effort_queue=args.best_effort_queue,
+        best_effort_slots=args.best_effort_slots,
+        best_effort_max_wait_s=args.best_effort_max_wait,
         default_max_tokens=args.default_max_tokens,
         drop_finish_reasons=frozenset(drop_reasons),
         served_models=frozenset(args.served_model_name or ()),
@@ -301,6 +345,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         poll_interval_s=args.poll_interval,
         poll_timeout_s=args.poll_timeout,
         down_after=args.down_after,
+        unresponsive_timeout_s=args.unresponsive_timeout,
     )
     router = Router(config, pool, registry, keyring)
     background: list[Any] = [lambda: pool.run(router.poll_session())]

@@ -14,8 +14,15 @@ class RouterConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_retries: int = 2  # other pods tried when a pod fails before the first token
     connect_timeout_s: float = 2.0
+    max_connecting: int = 64  # upstream connects under way at once (more wait their turn, untimed)
     read_timeout_s: float = 600.0  # longest silence tolerated from an engine mid-response
     first_token_grace_s: float = 5.0  # streaming: waiting_time + prefill estimate + this, then drop
+    # streaming: an engine's response headers within this (vLLM sends them before scheduling), else
+    # the request is retried elsewhere and the engine probed
+    header_timeout_s: float = 30.0
+    best_effort_queue: int = 1024  # best-effort requests waiting in the router; beyond: 429 queue_full
+    best_effort_slots: int = 0  # best-effort requests open per engine; 0: twice its batch size
+    best_effort_max_wait_s: float = 600.0  # queued best-effort gives up only if no engine is usable then
     default_max_tokens: int = 1024  # length bound when the request gives no max_tokens
     drop_finish_reasons: frozenset[str] = frozenset({"abort"})  # engine finish reasons meaning "dropped"
     served_models: frozenset[str] = frozenset()  # extra names /v1/models lists (engines report theirs)

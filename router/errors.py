@@ -7,7 +7,11 @@ status codes to exception classes) always see one shape, and the message names t
 from __future__ import annotations
 
 import json
+import logging
+import math
+import time
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(eq=False)
@@ -49,3 +53,33 @@ def rate_limited(message: str, code: str, retry_after: float, param: str | None 
 
 def unavailable(message: str, code: str, retry_after: float | None = 1.0) -> RouterError:
     return RouterError(503, message, "service_unavailable", None, code, retry_after)
+
+
+class RateLimitedLog:
+    """At most one log line per `interval_s` (per key); the next line says how many were left out.
+
+    Clients control what bad requests look like and how many arrive: a line (never a traceback) per
+    request would let any client flood the logs."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 10.0, clock: Any = time.monotonic) -> None:
+        self.logger = logger
+        self.interval_s = interval_s
+        self.clock = clock
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def __call__(self, level: int, key: str, msg: str, *args: Any, exc_info: Any = None) -> bool:
+        """Log unless a line with this key went out within the interval; True if logged."""
+        now = self.clock()
+        if now - self._last.get(key, -math.inf) < self.interval_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return False
+        if len(self._last) >= 1024:  # keys come from a small fixed set; bound them anyway
+            self._last.clear()
+            self._suppressed.clear()
+        self._last[key] = now
+        left_out = self._suppressed.pop(key, 0)
+        if left_out:
+            msg += f" ({left_out} similar left out of the log in the last {self.interval_s:g}s)"
+        self.logger.log(level, msg, *args, exc_info=exc_info)
+        return True

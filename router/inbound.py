@@ -7,6 +7,7 @@ everything else goes to the engine untouched, and the engine's own 4xx errors pa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -39,6 +40,12 @@ MAX_PROGRAM_STAGES = 1000
 CHARS_PER_TOKEN = 4.0
 PREFIX_CHARS = 512  # characters hashed for the prefix-cache locality hint
 MAX_TOKENS_LIMIT = 2**31 - 1  # beyond any model's context; keeps the int64 request columns exact
+# Deepest JSON nesting accepted (objects and arrays). OpenAI bodies nest a few levels (messages, content
+# parts, tool schemas a dozen or two); Python's parser would raise RecursionError near 1,000.
+MAX_JSON_DEPTH = 64
+# Largest time an SLO field may carry: the SLO model's bound (scheduler/slo.py: PositiveSeconds, 1 day).
+MAX_SLO_SECONDS = 86_400.0
+SLO_TIME_FIELDS: tuple[str, ...] = ("deadline", "target_ttft", "target_tbt", "waiting_time")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +62,22 @@ class Inbound:
     prefix_key: str | None  # hash of the prompt's start, for prefix-cache locality
 
 
+def _too_deep() -> RouterError:
+    return bad_request(f"request body nests JSON deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep")
+
+
+def json_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `value` nests objects/arrays deeper than `limit` (iterative: no recursion to exhaust)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise bad_request("request body is empty; expected a JSON object", code="invalid_json")
@@ -62,11 +85,36 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise _too_deep() from None
     if not isinstance(body, dict):
         raise bad_request(
             f"request body must be a JSON object, got {type(body).__name__}", code="invalid_json"
         )
+    # Fewer brackets than the limit cannot nest past it (bytes.count is C-fast); else walk the objects.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth_exceeds(body):
+        raise _too_deep()
     return body
+
+
+def check_slo_times(fields: Mapping[str, Any]) -> None:
+    """Each explicit SLO time is a positive finite number of seconds up to MAX_SLO_SECONDS: a 400 that
+    names the field otherwise (the engine's SLO model rejects the same values; checking here keeps a
+    value it would refuse from ever reaching it)."""
+    for name in SLO_TIME_FIELDS:
+        value = fields.get(name)
+        if value is None:
+            continue
+        seconds = math.nan
+        if not isinstance(value, bool) and isinstance(value, int | float | str):
+            with contextlib.suppress(ValueError, OverflowError):
+                seconds = float(value)
+        _require(
+            0 < seconds <= MAX_SLO_SECONDS,
+            f"{name}: must be a number of seconds in (0, {MAX_SLO_SECONDS:g}], got {value!r:.60}",
+            name,
+            "invalid_slo",
+        )
 
 
 def _require(cond: bool, message: str, param: str, code: str = "invalid_value") -> None:
@@ -174,6 +222,7 @@ def parse_inbound(kind: Kind, body: dict[str, Any], headers: Mapping[str, str]) 
             "program_id",
         )
         program_id = str(program_id)
+    check_slo_times(fields)
     stages = fields.get("program_stages")
     if stages is not None:
         try:

@@ -84,7 +84,7 @@ class RouterMetrics:
         self.drops = Counter(
             "jitserve_router_drops_total",
             "Requests ended without a full response, by reason (waiting_time, no_replica, upstream_error, "
-            "client_disconnect, router_overloaded)",
+            "upstream_unresponsive, client_disconnect, router_overloaded, queue_full)",
             ["slo_class", "reason"],
             registry=r,
         )
@@ -156,6 +156,21 @@ class RouterMetrics:
             "jitserve_router_replicas",
             "Known engine replicas by health (fresh, stale, stateless, pending, down)",
             ["health"],
+            registry=r,
+        )
+        self.best_effort_queued = Gauge(
+            "jitserve_router_best_effort_queued",
+            "Best-effort requests waiting in the router for room at the engines",
+            registry=r,
+        )
+        self.best_effort_active = Gauge(
+            "jitserve_router_best_effort_active",
+            "Best-effort requests open at the engines (bounded by the engines' best-effort slots)",
+            registry=r,
+        )
+        self.unresponsive = Counter(
+            "jitserve_router_replica_unresponsive_total",
+            "Times an engine replica was marked down for not answering its health probe",
             registry=r,
         )
         self.classes_reloads = Counter(

@@ -16,6 +16,7 @@ from jitserve.scheduler.slo import SLO, SLOType
 
 CUSTOM_CLASS = "custom"  # resolve_request_slo's name for explicit fields without a class
 MIN_SECONDS = 0.001
+BEST_EFFORT_WAITING_TIME = 86_400.0  # the SLO model's largest time (scheduler/slo.py: PositiveSeconds)
 # Every key the engine schedules by (scheduler/engine/xargs.py): only the router may set them.
 ENGINE_KEYS = frozenset(
     {
@@ -45,7 +46,10 @@ def engine_xargs(
     program_goodput: float = 0.0,
     length_bound: int | None = None,
 ) -> dict[str, Any]:
-    x: dict[str, Any] = {"waiting_time": slo.waiting_time, "tenant": tenant}
+    # Best-effort is never dropped for waiting (docs/decisions/router.md): it gets the longest
+    # waiting_time the SLO model allows, so an engine of any version keeps it queued.
+    waiting = BEST_EFFORT_WAITING_TIME if slo.type is SLOType.BEST_EFFORT else slo.waiting_time
+    x: dict[str, Any] = {"waiting_time": waiting, "tenant": tenant}
     if send_class and slo_class != CUSTOM_CLASS:
         x["slo_class"] = slo_class
     if slo.type is SLOType.LATENCY:

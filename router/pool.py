@@ -33,15 +33,22 @@ class Pool:
         poll_timeout_s: float = 1.0,
         down_after: int = 2,
         clock: Callable[[], float] = time.monotonic,
+        unresponsive_timeout_s: float = 10.0,
     ) -> None:
         self.defaults = defaults
         self.poll_interval_s = poll_interval_s
         self.poll_timeout_s = poll_timeout_s
         self.down_after = down_after
         self.clock = clock
+        # a pod whose /health gives no answer within this (after a poll or a request timed out on it)
+        # is down: its requests end, nothing new goes there until a poll answers again
+        self.unresponsive_timeout_s = unresponsive_timeout_s
         self.replicas: dict[str, Replica] = {}
         self.changed = asyncio.Event()  # set whenever a replica becomes usable (wakes waiting requests)
+        self.on_poll: Callable[[], None] | None = None  # called after each round of polls
+        self.client: aiohttp.ClientSession | None = None  # the polls' session (probes use it too)
         self._models_polls: dict[str, int] = {}
+        self._probes: set[asyncio.Task[None]] = set()
 
     # -- discovery -----------------------------------------------------------------------------------
     def set_targets(self, targets: dict[str, str]) -> None:
@@ -92,15 +99,71 @@ class Pool:
     def released(self, r: Replica) -> None:
         r.inflight = max(r.inflight - 1, 0)
 
-    def connect_failed(self, r: Replica) -> None:
-        """A request could not reach the pod: stop placing there until a poll succeeds again."""
+    def usable(self) -> list[Replica]:
+        now = self.clock()
+        ok = (Health.FRESH, Health.STALE, Health.STATELESS)
+        return [r for r in self.replicas.values() if r.health(now, self.defaults.stale_after_s) in ok]
+
+    def connect_failed(self, r: Replica, exc: BaseException | None = None) -> None:
+        """A request could not reach the pod. Refused (nothing listens: a killed pod): stop placing there
+        until a poll succeeds again. A connect *timeout* may as well be this router's own overload
+        (thousands of connects at once, a starved event loop): the pod is probed, and only a probe
+        that gets no answer either marks it down."""
+        if exc is not None and isinstance(exc, TimeoutError):
+            self.suspect(r)
+            return
+        if not r.down:
+            log.warning("replica %s (%s) is down: %r", r.name, r.url, exc)
         r.down = True
         r.healthy = False
 
+    def suspect(self, r: Replica) -> None:
+        """Something timed out on `r`: probe its /health (once at a time) with a generous timeout."""
+        if r.probing or r.down or self.client is None:
+            return
+        r.probing = True
+        task = asyncio.get_running_loop().create_task(self._probe(self.client, r))
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    async def _probe(self, client: aiohttp.ClientSession, r: Replica) -> None:
+        started = self.clock()
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.unresponsive_timeout_s)
+            async with client.get(r.url + "/health", timeout=timeout) as resp:
+                await resp.read()
+            # Any answer: the pod is alive, only slow (its polls judge its state and health as usual).
+        except aiohttp.ClientConnectorError as exc:  # refused: nothing listens any more
+            self.connect_failed(r, exc)
+        except TimeoutError:
+            if r.last_byte >= started:
+                return  # its streams delivered bytes meanwhile: busy, not hung
+            if self.replicas.get(r.name) is r:
+                self.mark_unresponsive(r)
+        except aiohttp.ClientError:
+            pass  # an odd answer is the polls' to count
+        finally:
+            r.probing = False
+
+    def mark_unresponsive(self, r: Replica) -> None:
+        """`r` stopped answering (SIGSTOP, a stuck GPU, a dead node): down, and every request on it
+        ends now (retried elsewhere where the client has nothing yet; an error event otherwise)."""
+        if not r.down:
+            log.warning(
+                "replica %s (%s) is down: no answer to GET /health within %gs; ending its %d request(s)",
+                r.name, r.url, self.unresponsive_timeout_s, len(r.attempts),
+            )  # fmt: skip
+        r.down, r.healthy, r.unresponsive = True, False, True
+        for attempt in list(r.attempts):
+            attempt.abort()
+
     # -- polling -------------------------------------------------------------------------------------
     async def poll_once(self, client: aiohttp.ClientSession) -> None:
+        self.client = client
         reps = list(self.replicas.values())
         await asyncio.gather(*(self._poll(client, r) for r in reps), return_exceptions=True)
+        if self.on_poll is not None:
+            self.on_poll()
 
     async def run(self, client: aiohttp.ClientSession) -> None:
         while True:
@@ -137,19 +200,21 @@ class Pool:
             else:
                 raise ValueError(f"GET {STATE_PATH} answered {status}")
             await self._maybe_poll_models(client, r)
-        except aiohttp.SocketTimeoutError:
-            # Busy, not down: the pod accepted the poll but answered late. Its report ages into "stale"
-            # and placement falls back to the router's own counts until it answers again.
+        except TimeoutError:
+            # Busy or hung? A late answer (or a connect that timed out: perhaps only this router is
+            # overloaded) is not "down" by itself. Its report ages into "stale" and placement falls back
+            # to the router's own counts; a probe with a generous timeout decides whether it is hung.
+            self.suspect(r)
             return
-        except (aiohttp.ClientError, TimeoutError, ValidationError, ValueError) as exc:
+        except (aiohttp.ClientError, ValidationError, ValueError) as exc:
             r.failures += 1
-            # connection refused (nothing listens: a killed pod) counts at once; a connect timeout does not
+            # connection refused (nothing listens: a killed pod) counts at once
             if r.failures >= self.down_after or isinstance(exc, aiohttp.ClientConnectorError):
                 if not r.down:
                     log.warning("replica %s (%s) is down: %r", r.name, r.url, exc)
                 r.down, r.healthy = True, False
             return
-        r.failures, r.healthy, r.down = 0, True, False
+        r.failures, r.healthy, r.down, r.unresponsive = 0, True, False, False
         if not was_usable:
             log.info("replica %s (%s) is up (%s)", r.name, r.url, "state" if r.state else "no state")
             self.changed.set()

@@ -50,6 +50,10 @@ class Replica:
     sent_since_state: int = 0  # dispatched after the last state report
     chosen_total: int = 0
     tags: dict[str, str] = field(default_factory=dict)
+    unresponsive: bool = False  # down because it stopped answering (its health probe timed out)
+    probing: bool = False  # a liveness probe is out (a poll or a request timed out on it)
+    last_byte: float = -math.inf  # router clock of the last bytes relayed from it (it is alive)
+    attempts: set = field(default_factory=set)  # requests on it that can be ended (service.Attempt)
 
     def health(self, now: float, stale_after: float) -> Health:
         if self.down:

@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -34,13 +35,14 @@ from jitserve.router.analysis import LengthBounds
 from jitserve.router.auth import Keyring
 from jitserve.router.classes import ClassRegistry
 from jitserve.router.config import RouterConfig
-from jitserve.router.errors import RouterError, bad_request, rate_limited, unavailable
+from jitserve.router.errors import RateLimitedLog, RouterError, bad_request, rate_limited, unavailable
 from jitserve.router.inbound import Inbound, Kind, body_too_large, parse_inbound, parse_json_object
 from jitserve.router.locality import PrefixIndex
 from jitserve.router.metrics import RouterMetrics
 from jitserve.router.outbound import engine_xargs, forward_body
 from jitserve.router.pool import Pool
 from jitserve.router.programs import Program, ProgramTracker, StagePlan
+from jitserve.router.queueing import BestEffortQueue, QueueFullError
 from jitserve.router.replicas import Replica
 from jitserve.scheduler.analyzer.patterns import PatternStore
 from jitserve.scheduler.goodput import Goodput, RequestRecord
@@ -54,10 +56,60 @@ PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/com
 _RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 _ROLE_ONLY = b'"delta":{"role":"assistant","content":""}'  # vLLM's opening chunk of a chat stream
 _STOP_REASON = re.compile(rb'"stop_reason":\s*"([^"]{0,300})"')
-_NO_RETRY = {"x-should-retry": "false"}  # tells the OpenAI SDK not to retry (the SLO is already lost)
+_NO_RETRY = {"x-should-retry": "false"}
+# The SLO model's field names -> the request field a client sent (400s name what the client wrote)
+_SLO_PARAM = {
+    "ttft": "target_ttft",
+    "ttftSeconds": "target_ttft",
+    "tbt": "target_tbt",
+    "tbtSeconds": "target_tbt",
+    "deadlineSeconds": "deadline",
+    "waitingTimeSeconds": "waiting_time",
+}  # tells the OpenAI SDK not to retry (the SLO is already lost)
 
 
 Resolved = tuple[str, SLO, OverloadAction, float | None]  # class name, SLO, overload action, per-stage D
+
+
+class Attempt:
+    """One request in flight on one engine, registered with its replica so the health probe can end it
+    when the engine stops answering: before the response headers, by expiring the phase's timeout
+    scope; after, by failing the response body's reader (the relay then sends an error event, or the
+    request is retried elsewhere while the client has nothing yet)."""
+
+    __slots__ = ("scope", "upstream", "aborted")
+
+    def __init__(self) -> None:
+        self.scope: asyncio.Timeout | None = None
+        self.upstream: aiohttp.ClientResponse | None = None
+        self.aborted = False
+
+    def enter(self, scope: asyncio.Timeout) -> None:
+        self.scope = scope
+        if self.aborted:
+            scope.reschedule(0)  # aborted between phases: expire at once
+
+    def abort(self) -> None:
+        if self.aborted:
+            return
+        self.aborted = True
+        if self.scope is not None:
+            with contextlib.suppress(RuntimeError):  # already expiring or left
+                self.scope.reschedule(0)
+        if self.upstream is not None:
+            self.upstream.content.set_exception(aiohttp.ClientPayloadError("engine pod stopped responding"))
+            self.upstream.close()
+
+
+def least_loaded(states: list[Any]) -> int:
+    """Index of the replica with the shortest expected queue, then the fewest requests per batch slot."""
+    return min(
+        range(len(states)),
+        key=lambda i: (
+            states[i].queue_delay_s,
+            (states[i].running + states[i].waiting) / max(states[i].batch_size, 1),
+        ),
+    )
 
 
 @dataclass(slots=True)
@@ -114,6 +166,9 @@ class Router:
         self._ids = itertools.count()
         self._id_prefix = f"jr-{secrets.token_hex(6)}-"  # unique per router process; a counter follows
         self.clock = pool.clock
+        self.log_limited = RateLimitedLog(log)  # one line per kind of event per 10 s, never a traceback
+        self.be_queue = BestEffortQueue(config.best_effort_queue, self.best_effort_slots)
+        pool.on_poll = self.be_queue.kick  # engines that came up (or grew their batch) take queued work
 
     # -- entry point ---------------------------------------------------------------------------------
     async def handle(self, kind: Kind, request: Request) -> Response:
@@ -136,6 +191,10 @@ class Router:
         except RouterError as err:
             if err.status in (400, 401, 404, 413):
                 self.metrics.child(self.metrics.bad_requests, err.code or "invalid").inc()
+                self.log_limited(
+                    logging.INFO, f"bad:{err.code}", "rejected request: %d %s (param %s): %.200s",
+                    err.status, err.code, err.param, err.message,
+                )  # fmt: skip
             return error_response(err)
         finally:
             if not handed_off:  # a stream releases its slot when it ends
@@ -190,12 +249,95 @@ class Router:
             tenant=self._tenant_id(tenant),
         )
         try:
+            if slo.type is SLOType.BEST_EFFORT:
+                return await self._best_effort(inbound, new, slo_class, overload, tenant, plan)
             return await self._dispatch(inbound, new, slo_class, overload, tenant, plan)
         except RouterError as err:
             if inbound.program_id is not None and plan is not None:
                 record = RequestRecord(slo, arrival, inbound.input_len, dropped=True)
                 self.programs.end_call(inbound.program_id, record, inbound.model, arrival)
             raise err
+
+    async def _best_effort(
+        self,
+        inbound: Inbound,
+        new: NewRequest,
+        slo_class: str,
+        overload: OverloadAction,
+        tenant: str,
+        plan: StagePlan | None,
+    ) -> Response:
+        """Best-effort: wait in the bounded FIFO for room at the engines (429 queue_full when it is
+        full), then dispatch; the slot is held until the response (or stream) ends."""
+        try:
+            fut = self.be_queue.join()
+        except QueueFullError as full:
+            self.metrics.child(self.metrics.drops, slo_class, "queue_full").inc()
+            raise rate_limited(
+                f"the router's best-effort queue is full ({self.be_queue.capacity} waiting); retry later",
+                "queue_full",
+                full.retry_after_s,
+            ) from None
+        if fut is not None:
+            self.metrics.best_effort_queued.set(self.be_queue.queued)
+            try:
+                await self._await_slot(fut, inbound.model)
+            except BaseException:
+                self.be_queue.cancel(fut)
+                raise
+            finally:
+                self.metrics.best_effort_queued.set(self.be_queue.queued)
+        self.metrics.best_effort_active.set(self.be_queue.active)
+        held_from = self.clock()
+
+        def leave() -> None:
+            self.be_queue.leave(self.clock() - held_from)
+            self.metrics.best_effort_active.set(self.be_queue.active)
+            self.metrics.best_effort_queued.set(self.be_queue.queued)
+
+        try:
+            response = await self._dispatch(inbound, new, slo_class, overload, tenant, plan)
+        except BaseException:
+            leave()
+            raise
+        if isinstance(response, RelayResponse):
+            response.also_on_close(leave)
+        else:
+            leave()
+        return response
+
+    async def _await_slot(self, fut: asyncio.Future[None], model: str) -> None:
+        """Wait for a best-effort slot. While some engine is usable there is no time limit (best-effort
+        is never dropped for waiting); with none usable for --best-effort-max-wait, a 503 no_replica."""
+        waited_without_engine = 0.0
+        while True:
+            done, _ = await asyncio.wait((fut,), timeout=1.0)
+            if done:
+                return
+            if self.pool.candidates(model)[0]:
+                waited_without_engine = 0.0
+                continue
+            waited_without_engine += 1.0
+            if waited_without_engine >= self.config.best_effort_max_wait_s:
+                self.metrics.child(self.metrics.drops, "best-effort", "no_replica").inc()
+                raise unavailable(
+                    f"no engine replica is available for model {model!r} within "
+                    f"{self.config.best_effort_max_wait_s:g}s",
+                    "no_replica",
+                )
+
+    def best_effort_slots(self) -> int:
+        """Best-effort requests the usable engines may hold at once (--best-effort-slots per engine, or
+        twice each engine's batch size)."""
+        per = self.config.best_effort_slots
+        total = 0
+        for r in self.pool.usable():
+            if per > 0:
+                total += per
+            else:
+                batch = r.state.batch_size if r.state is not None else self.pool.defaults.batch_size
+                total += 2 * max(batch, 1)
+        return total
 
     # -- resolution ----------------------------------------------------------------------------------
     def _check_model(self, model: str) -> None:
@@ -238,7 +380,12 @@ class Router:
             name, slo = resolve_request_slo(fields, table.classes, table.default_class(), program_stages or 1)
         except SLOError as exc:
             code = "unknown_slo_class" if exc.field == "slo_class" else "invalid_slo"
-            raise bad_request(str(exc), param=exc.field, code=code) from None
+            raise bad_request(str(exc), param=_SLO_PARAM.get(exc.field, exc.field), code=code) from None
+        except ValidationError as exc:  # a bound the SLO model checks and inbound.py did not: still a 400
+            err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": str(exc)}
+            loc = ".".join(map(str, err.get("loc", ()))) or "slo"
+            param = _SLO_PARAM.get(loc, loc)
+            raise bad_request(f"{param}: {err.get('msg')}", param=param, code="invalid_slo") from None
         spec = table.classes.get(name)
         overload = spec.overload if spec is not None else OverloadAction.REJECT
         per_stage = None
@@ -295,6 +442,12 @@ class Router:
                 cached_tokens=self.prefixes.cached_tokens(inbound.prefix_key, names, new.input_len),
                 rng=self.rng,
             )
+            if decision.action is Action.REJECT and new.slo.type is SLOType.BEST_EFFORT:
+                # No SLO to miss: best-effort waits at the engine with the least work ahead of it (the
+                # best-effort queue already bounds how many wait there) rather than being turned away.
+                decision = Decision(
+                    Action.ADMIT, least_loaded(states), new, slo_class, "best-effort: least-loaded engine"
+                )
             self.metrics.placement.observe(time.perf_counter() - t0)
             if attempts == 0:
                 self.metrics.child(self.metrics.admissions, slo_class, decision.action.value).inc()
@@ -322,13 +475,22 @@ class Router:
     async def _candidates(
         self, inbound: Inbound, new: NewRequest, tried: set[str]
     ) -> tuple[list[Replica], list[Any]]:
-        """Usable replicas for the model; waits (up to waiting_time) while there are none."""
-        deadline = new.arrival + new.slo.waiting_time
+        """Usable replicas for the model; waits while there are none: up to the request's waiting_time,
+        or for best-effort (never dropped for waiting) up to --best-effort-max-wait."""
+        best_effort = new.slo.type is SLOType.BEST_EFFORT
+        patience = self.config.best_effort_max_wait_s if best_effort else new.slo.waiting_time
+        deadline = new.arrival + patience
         exclude = frozenset(tried)
         while True:
             reps, states = self.pool.candidates(inbound.model, exclude)
             if reps:
                 return reps, states
+            if tried:
+                # Every untried pod is gone; pods that failed for this request but are still usable (a
+                # timeout that their probe did not confirm) may take the retry.
+                reps, states = self.pool.candidates(inbound.model)
+                if reps:
+                    return reps, states
             left = deadline - self.clock()
             if left <= 0 or tried:
                 self.metrics.child(
@@ -337,16 +499,23 @@ class Router:
                 raise unavailable(
                     "no engine replica is available for model "
                     f"{inbound.model!r}"
-                    + (
-                        " (all tried pods failed)"
-                        if tried
-                        else f" within waiting_time {new.slo.waiting_time:g}s"
-                    ),
+                    + (" (all tried pods failed)" if tried else f" within {patience:g}s"),
                     "no_replica",
                 )
             self.pool.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.pool.changed.wait(), timeout=min(left, self.pool.poll_interval_s))
+
+    def _first_token_timeout(self, flight: Flight, replica: Replica) -> float | None:
+        """Streams with an SLO: no token within waiting_time + prefill estimate + grace is a drop (the
+        engine should have dropped it). Best-effort has no such bound (it is never dropped for waiting;
+        a hung engine is caught by the health probe instead)."""
+        if flight.slo.type is SLOType.BEST_EFFORT:
+            return None
+        prefill = (
+            replica.state.prefill_tokens_per_s if replica.state else self.pool.defaults.prefill_tokens_per_s
+        )
+        return flight.slo.waiting_time + self.config.first_token_grace_s + flight.input_len / prefill
 
     async def _try_replica(
         self, inbound: Inbound, decision: Decision, replica: Replica, tenant: str, plan: StagePlan | None
@@ -383,23 +552,57 @@ class Router:
             inbound.model,
             new.max_tokens,
         )
+        attempt = Attempt()
+        replica.attempts.add(attempt)  # the health probe ends it if the pod stops answering
         released = False
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
+                replica.attempts.discard(attempt)
                 self.pool.released(replica)
 
+        # Deadlines, on the loop's clock. Streams: response headers within --header-timeout (vLLM sends
+        # them before the request is scheduled) and, with an SLO, the first token within its bound,
+        # counted from now (so the wait for the headers is part of it). Unary responses carry their
+        # headers with the whole answer: only the health probe bounds them.
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        first_timeout = self._first_token_timeout(flight, replica) if inbound.stream else None
+        first_deadline = None if first_timeout is None else started + first_timeout
+        header_deadline = started + self.config.header_timeout_s if inbound.stream else None
+        phase_deadline = min((d for d in (first_deadline, header_deadline) if d is not None), default=None)
         try:
-            upstream = await self.session().post(
-                replica.url + PATHS[inbound.kind], data=body, headers=headers
-            )
-        except _RETRYABLE as exc:
+            async with asyncio.timeout_at(phase_deadline) as scope:
+                attempt.enter(scope)
+                upstream = await self.session().post(
+                    replica.url + PATHS[inbound.kind], data=body, headers=headers
+                )
+        except _RETRYABLE as exc:  # refused, reset, aiohttp's own connect timeout
+            attempt.scope = None
             release()
-            self.pool.connect_failed(replica)
-            log.warning("pod %s failed before the first token: %r", replica.name, exc)
+            if attempt.aborted:
+                return "unresponsive"
+            self.pool.connect_failed(replica, exc)
+            self.log_limited(
+                logging.WARNING, f"connect:{replica.name}", "pod %s failed before the first token: %r",
+                replica.name, exc,
+            )  # fmt: skip
             return type(exc).__name__
+        except TimeoutError:
+            attempt.scope = None
+            release()
+            if attempt.aborted:
+                return "unresponsive"
+            if first_deadline is not None and first_deadline == phase_deadline:
+                flight.dropped = True  # not even headers within its first-token bound: as a stream drop
+                self._finish(flight, self.clock(), "waiting_time")
+                return error_response(self._drop_error(flight), extra=_NO_RETRY)
+            self.pool.suspect(replica)  # no headers in time: probe the pod; try the request elsewhere
+            return "header_timeout"
+        attempt.scope = None
+        attempt.upstream = upstream
         if upstream.status >= 500:
             upstream.close()
             release()
@@ -416,7 +619,7 @@ class Router:
                 content = await upstream.read()
             except _RETRYABLE as exc:
                 release()
-                return type(exc).__name__
+                return "unresponsive" if attempt.aborted else type(exc).__name__
             finally:
                 upstream.release()
             release()
@@ -424,18 +627,23 @@ class Router:
         self.metrics.child(self.metrics.pod_choice, replica.name).inc()
         self.prefixes.served(inbound.prefix_key, replica.name)
         if not inbound.stream:
-            return await self._unary(upstream, flight, out_headers, release)
-        return await self._stream(upstream, flight, out_headers, release, replica)
+            return await self._unary(upstream, flight, out_headers, release, attempt)
+        return await self._stream(upstream, flight, out_headers, release, replica, attempt, first_deadline)
 
     async def _unary(
-        self, upstream: aiohttp.ClientResponse, flight: Flight, headers: dict[str, str], release: Any
+        self,
+        upstream: aiohttp.ClientResponse,
+        flight: Flight,
+        headers: dict[str, str],
+        release: Any,
+        attempt: Attempt,
     ) -> Response | str:
         try:
             content = await upstream.read()
         except _RETRYABLE as exc:
             upstream.close()
             release()
-            return type(exc).__name__
+            return "unresponsive" if attempt.aborted else type(exc).__name__
         upstream.release()
         release()
         now = self.clock()
@@ -447,10 +655,10 @@ class Router:
             flight.completion_tokens = usage.get("completion_tokens")
             choices = doc.get("choices") or []
             finish_reason = choices[0].get("finish_reason") if choices else None
-        except (ValueError, AttributeError, TypeError):
+        except (ValueError, AttributeError, TypeError, RecursionError):
             pass
-        n = flight.completion_tokens or 0
-        flight.token_times.extend([now] * n)
+        n = flight.completion_tokens if isinstance(flight.completion_tokens, int) else 0
+        flight.token_times.extend([now] * max(min(n, 1 << 24), 0))
         if finish_reason in self.config.drop_finish_reasons:
             flight.dropped = True
             self._finish(flight, now, "waiting_time")
@@ -466,22 +674,12 @@ class Router:
         headers: dict[str, str],
         release: Any,
         replica: Replica,
+        attempt: Attempt,
+        first_deadline: float | None,
     ) -> Response | str:
         chunks = upstream.content.iter_any()
-        first_timeout = (
-            flight.slo.waiting_time
-            + self.config.first_token_grace_s
-            + (
-                flight.input_len
-                / (
-                    replica.state.prefill_tokens_per_s
-                    if replica.state
-                    else self.pool.defaults.prefill_tokens_per_s
-                )
-            )
-        )
         try:
-            async with asyncio.timeout(first_timeout):
+            async with asyncio.timeout_at(first_deadline):
                 first = await anext(chunks)
                 if _ROLE_ONLY in first and not self._has_finish(first) and b"data: [DONE]" not in first:
                     # A chat stream opens with its role chunk, written with the first engine output in
@@ -491,7 +689,7 @@ class Router:
         except (StopAsyncIteration, *_RETRYABLE) as exc:
             upstream.close()
             release()
-            return type(exc).__name__
+            return "unresponsive" if attempt.aborted else type(exc).__name__
         except TimeoutError:
             # Not started within waiting_time (plus prefill and grace): closing the stream aborts it in
             # the engine, and the client learns why.
@@ -500,6 +698,7 @@ class Router:
             flight.dropped = True
             self._finish(flight, self.clock(), "waiting_time")
             return error_response(self._drop_error(flight), extra=_NO_RETRY)
+        replica.last_byte = self.clock()
         dropped_at_once = self._is_drop(first) and not self._events_before_drop(first)
         if dropped_at_once or self._ended_unfinished(first):
             upstream.close()
@@ -527,7 +726,7 @@ class Router:
             self._release_slot()
 
         return RelayResponse(
-            self._relay(first, chunks, flight, state, close, upstream.content.at_eof),
+            self._relay(first, chunks, flight, state, close, upstream.content.at_eof, replica, attempt),
             close,
             lambda: state["last"],
             status_code=200,
@@ -543,6 +742,8 @@ class Router:
         state: dict[str, Any],
         close: Any,
         at_eof: Any,
+        replica: Replica,
+        attempt: Attempt,
     ) -> AsyncIterator[bytes]:
         try:
             chunk: bytes | None = first
@@ -573,18 +774,30 @@ class Router:
                 state["last"] = at_eof()
                 yield chunk
                 chunk = await anext(chunks, None)
+                replica.last_byte = self.clock()  # alive: its probe must not call it hung
             flight.finish = self.clock()
             state["reason"] = None
         except (*_RETRYABLE, TimeoutError) as exc:
             flight.dropped = True
-            state["reason"] = "upstream_error"
-            err = RouterError(
-                502,
-                f"engine pod failed mid-stream: {type(exc).__name__}",
-                "api_error",
-                None,
-                "upstream_failed",
-            )
+            if attempt.aborted:
+                state["reason"] = "upstream_unresponsive"
+                err = RouterError(
+                    502,
+                    f"engine pod {replica.name} stopped responding (no answer to its health check within "
+                    f"{self.pool.unresponsive_timeout_s:g}s); the stream ends here",
+                    "api_error",
+                    None,
+                    "upstream_unresponsive",
+                )
+            else:
+                state["reason"] = "upstream_error"
+                err = RouterError(
+                    502,
+                    f"engine pod failed mid-stream: {type(exc).__name__}",
+                    "api_error",
+                    None,
+                    "upstream_failed",
+                )
             yield err.sse_event() + b"data: [DONE]\n\n"
         finally:
             await close()
@@ -741,6 +954,11 @@ class RelayResponse(StreamingResponse):
         super().__init__(content, **kw)
         self._on_close = on_close
         self._is_last = is_last  # true when the chunk just yielded ends the stream
+        self._also: list[Callable[[], None]] = []
+
+    def also_on_close(self, fn: Callable[[], None]) -> None:
+        """Run `fn` too when the stream ends (however it ends), after the relay's own cleanup."""
+        self._also.append(fn)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         relay = asyncio.current_task()
@@ -778,12 +996,35 @@ class RelayResponse(StreamingResponse):
             relay.uncancel()  # the client left: a normal end for us, not a cancelled server
         finally:
             watcher.cancel()
-            await body.aclose()  # type: ignore[attr-defined]
-            await self._on_close()
+            try:
+                await body.aclose()  # type: ignore[attr-defined]
+                await self._on_close()
+            finally:
+                for fn in self._also:
+                    fn()
+
+
+class BoundedConnector(aiohttp.TCPConnector):
+    """At most `max_connecting` new engine connections being set up at once; the rest wait their turn
+    *before* the connect timeout starts. A burst of 2,000 streams otherwise opens 2,000 connects at
+    once: the engines' accept queues overflow, connects time out, and healthy engines look down."""
+
+    def __init__(self, *args: Any, max_connecting: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._connecting = asyncio.Semaphore(max(max_connecting, 1))
+
+    async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
+        async with self._connecting:
+            return await super()._create_connection(req, traces, timeout)
 
 
 def make_session(config: RouterConfig) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=config.max_inflight + 64, limit_per_host=0, keepalive_timeout=30)
+    connector = BoundedConnector(
+        limit=config.max_inflight + 64,
+        limit_per_host=0,
+        keepalive_timeout=30,
+        max_connecting=config.max_connecting,
+    )
     timeout = aiohttp.ClientTimeout(
         total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
     )

@@ -288,3 +288,63 @@ class RunningRouter:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+
+@dataclass
+class FakeEngineProcess:
+    """A FAKE engine (the same app as FakeEngine) in a process of its own, so a test can SIGSTOP it: a
+    hung engine whose sockets still accept connections (the kernel completes them) but never answer,
+    which no in-process fake can imitate."""
+
+    name: str
+    tokens: int = 4
+    token_delay_s: float = 0.0
+    port: int = field(default_factory=free_port)
+    proc: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> FakeEngineProcess:
+        import subprocess
+        import sys
+
+        import httpx
+
+        cmd = [sys.executable, __file__, self.name, str(self.port), str(self.tokens), str(self.token_delay_s)]
+        self.proc = subprocess.Popen(cmd)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"fake engine process {self.name} did not start")
+
+    def pause(self) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.resume()
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+if __name__ == "__main__":  # FakeEngineProcess: python router_fakes.py NAME PORT TOKENS TOKEN_DELAY_S
+    import sys
+
+    name, port, tokens, delay = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    engine = FakeEngine(name, port=port, tokens=tokens, token_delay_s=delay)
+    uvicorn.run(engine.app(), host="127.0.0.1", port=port, log_level="warning", lifespan="off")

@@ -77,8 +77,14 @@ def wait_for(fn: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
     raise AssertionError(f"gave up waiting for {what}")
 
 
+def status(r: RunningRouter, key: str = "sk-1") -> dict[str, Any]:
+    """The router's status; with auth on it needs a key (before the Secret is read: 401, so {})."""
+    resp = httpx.get(r.url + "/jitserve/status", headers={"Authorization": f"Bearer {key}"})
+    return resp.json() if resp.status_code == 200 else {}
+
+
 def pods_seen(r: RunningRouter) -> dict[str, str]:
-    replicas = httpx.get(r.url + "/jitserve/status").json()["replicas"]
+    replicas = status(r).get("replicas", {})
     return {name: info["health"] for name, info in replicas.items()}
 
 
@@ -106,8 +112,7 @@ def test_pods_classes_and_keys_come_from_the_api_and_follow_edits(
         )  # fmt: skip
         wait_for(lambda: pods_seen(r) == {"pool-engine-a": "fresh"}, "pod a discovered")
         c = openai.OpenAI(base_url=r.url + "/v1", api_key="sk-1", max_retries=0)
-        wait_for(lambda: httpx.get(r.url + "/jitserve/status").json()["class_source"].startswith("configmap"),
-                 "classes loaded")  # fmt: skip
+        wait_for(lambda: status(r)["class_source"].startswith("configmap"), "classes loaded")
         out = c.completions.with_raw_response.create(model=MODEL, prompt="x", max_tokens=2)
         assert out.headers["x-jitserve-slo-class"] == "jobs"
         assert a.received[-1]["vllm_xargs"]["tenant"] == "team-1"

@@ -138,13 +138,16 @@ def test_a_request_dropped_by_the_engine_gets_a_clear_error(
     a, b = fake_engines
     a.mode = b.mode = "drop"
     r = start_router("--engines", f"{a.url},{b.url}", ready=2)
+    slo = {"slo_class": "deadline"}  # best-effort is never dropped for waiting; a deadline SLO is
 
     def call(chat: bool, stream: bool) -> None:
         c = client(r)
         if chat:
-            out = c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=4, stream=stream)
+            out = c.chat.completions.create(
+                model=MODEL, messages=MSG, max_tokens=4, stream=stream, extra_body=slo
+            )
         else:
-            out = c.completions.create(model=MODEL, prompt="x", max_tokens=4, stream=stream)
+            out = c.completions.create(model=MODEL, prompt="x", max_tokens=4, stream=stream, extra_body=slo)
         if stream:
             list(out)
 
@@ -158,7 +161,7 @@ def test_a_request_dropped_by_the_engine_gets_a_clear_error(
             if not stream:  # vLLM's streams carry no stop_reason for a request dropped before any token
                 assert "jitserve: waiting_time 5s exceeded" in info.value.message
     metrics = httpx.get(r.url + "/metrics").text
-    assert 'jitserve_router_drops_total{reason="waiting_time",slo_class="best-effort"} 4.0' in metrics
+    assert 'jitserve_router_drops_total{reason="waiting_time",slo_class="deadline"} 4.0' in metrics
 
 
 def test_a_drop_after_the_stream_began_is_an_in_stream_error_event(
@@ -167,7 +170,9 @@ def test_a_drop_after_the_stream_began_is_an_in_stream_error_event(
     a, b = fake_engines
     a.mode = b.mode = "drop_after_first"
     r = start_router("--engines", f"{a.url},{b.url}", ready=2)
-    stream = client(r).chat.completions.create(model=MODEL, messages=MSG, max_tokens=4, stream=True)
+    stream = client(r).chat.completions.create(
+        model=MODEL, messages=MSG, max_tokens=4, stream=True, extra_body={"slo_class": "deadline"}
+    )
     got = []
     with pytest.raises(openai.APIError) as info:
         for chunk in stream:
@@ -175,14 +180,16 @@ def test_a_drop_after_the_stream_began_is_an_in_stream_error_event(
     assert got == [" tok"]
     assert "waiting_time" in info.value.message
     metrics = httpx.get(r.url + "/metrics").text
-    assert 'jitserve_router_drops_total{reason="waiting_time",slo_class="best-effort"} 1.0' in metrics
+    assert 'jitserve_router_drops_total{reason="waiting_time",slo_class="deadline"} 1.0' in metrics
 
 
 def test_no_usable_engine_is_a_503_after_waiting_time(start_router: Callable[..., RunningRouter]) -> None:
     dead = FakeEngine("dead")  # never started: connection refused
     r = start_router("--engines", dead.url, "--served-model-name", MODEL)
     with pytest.raises(openai.InternalServerError) as info:
-        client(r).completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={"waiting_time": 0.3})
+        client(r).completions.create(
+            model=MODEL, prompt="x", max_tokens=2, extra_body={"deadline": 20, "waiting_time": 0.3}
+        )
     assert info.value.status_code == 503 and info.value.code == "no_replica"
     ready = httpx.get(r.url + "/readyz")
     assert (
