@@ -86,16 +86,17 @@ _ERROR_SCHEMA = {
         }
     },
 }
+_NUMBER_HEADER = {"type": "string", "pattern": r"^[0-9]{1,9}(\.[0-9]{1,6})?$", "description": "seconds"}
 _SLO_HEADERS = [
-    {"name": h, "in": "header", "required": False, "schema": {"type": "string"}}
-    for h in (
-        "X-SLO-Class",
-        "X-SLO-Deadline",
-        "X-SLO-Target-TTFT",
-        "X-SLO-Target-TBT",
-        "X-SLO-Waiting-Time",
-        "X-Program-Id",
-        "X-Program-Stages",
+    {"name": h, "in": "header", "required": False, "schema": schema}
+    for h, schema in (
+        ("X-SLO-Class", {"type": "string"}),
+        ("X-SLO-Deadline", _NUMBER_HEADER),
+        ("X-SLO-Target-TTFT", _NUMBER_HEADER),
+        ("X-SLO-Target-TBT", _NUMBER_HEADER),
+        ("X-SLO-Waiting-Time", _NUMBER_HEADER),
+        ("X-Program-Id", {"type": "string"}),
+        ("X-Program-Stages", {"type": "string", "pattern": "^[0-9]{1,5}$"}),
     )
 ]
 

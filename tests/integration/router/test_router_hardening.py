@@ -365,3 +365,38 @@ def test_a_burst_of_streams_through_a_narrow_connect_gate_leaves_every_engine_up
     )
     assert health(r, a.url) != "down" and health(r, b.url) != "down"
     assert len(a.received) + len(b.received) == n
+
+
+def test_a_connect_timeout_marks_an_engine_down_only_if_its_probe_gets_no_answer() -> None:
+    """Pool level, with real sockets: an engine that answers and a socket that accepts connections (the
+    kernel completes them) but never answers, like a SIGSTOPped process. The connect timeout itself is
+    handed in as aiohttp's own exception: making a real one happen on demand needs an overloaded host."""
+    import socket
+
+    import aiohttp
+
+    from jitserve.router.pool import Pool
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    alive = FakeEngine("alive").start()
+    try:
+
+        async def go() -> None:
+            pool = Pool(unresponsive_timeout_s=1.0)
+            pool.set_targets({"alive": alive.url, "silent": f"http://127.0.0.1:{silent.getsockname()[1]}"})
+            async with aiohttp.ClientSession() as session:
+                pool.client = session
+                for r in pool.replicas.values():
+                    r.healthy = True  # as after a good poll
+                    pool.connect_failed(r, aiohttp.ConnectionTimeoutError("connect timed out"))
+                    assert not r.down  # a timeout alone (perhaps our own overload) is not "down"
+                await asyncio.gather(*pool._probes)
+            assert not pool.replicas["alive"].down  # its probe answered: healthy, stays in the pool
+            assert pool.replicas["silent"].down and pool.replicas["silent"].unresponsive
+
+        asyncio.run(go())
+    finally:
+        alive.stop()
+        silent.close()
