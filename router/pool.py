@@ -46,6 +46,7 @@ class Pool:
         self.replicas: dict[str, Replica] = {}
         self.changed = asyncio.Event()  # set whenever a replica becomes usable (wakes waiting requests)
         self.on_poll: Callable[[], None] | None = None  # called after each round of polls
+        self.on_unresponsive: Callable[[], None] | None = None  # called when a pod is found hung
         self.client: aiohttp.ClientSession | None = None  # the polls' session (probes use it too)
         self._models_polls: dict[str, int] = {}
         self._probes: set[asyncio.Task[None]] = set()
@@ -153,6 +154,8 @@ class Pool:
                 "replica %s (%s) is down: no answer to GET /health within %gs; ending its %d request(s)",
                 r.name, r.url, self.unresponsive_timeout_s, len(r.attempts),
             )  # fmt: skip
+        if not r.unresponsive and self.on_unresponsive is not None:
+            self.on_unresponsive()
         r.down, r.healthy, r.unresponsive = True, False, True
         for attempt in list(r.attempts):
             attempt.abort()

@@ -169,6 +169,7 @@ class Router:
         self.log_limited = RateLimitedLog(log)  # one line per kind of event per 10 s, never a traceback
         self.be_queue = BestEffortQueue(config.best_effort_queue, self.best_effort_slots)
         pool.on_poll = self.be_queue.kick  # engines that came up (or grew their batch) take queued work
+        pool.on_unresponsive = self.metrics.unresponsive.inc
 
     # -- entry point ---------------------------------------------------------------------------------
     async def handle(self, kind: Kind, request: Request) -> Response:
@@ -917,11 +918,18 @@ class Router:
             "classes": self.accounting.status(now),
             "window_seconds": self.config.status_window_s,
             "inflight": self.inflight,
+            "best_effort": {
+                "queued": self.be_queue.queued,
+                "active": self.be_queue.active,
+                "slots": self.best_effort_slots(),
+                "capacity": self.be_queue.capacity,
+            },
             "programs": len(self.programs),
             "replicas": {
                 r.name: {
                     "url": r.url,
                     "health": r.health(now, self.pool.defaults.stale_after_s).value,
+                    "unresponsive": r.unresponsive,
                     "inflight": r.inflight,
                     "chosen_total": r.chosen_total,
                     "models": sorted(r.models),
