@@ -80,6 +80,7 @@ class FakeEngine:
     # ok | drop (aborted before any token, as the JITServe engine drops past waiting_time: finish_reason
     # abort when not streaming, no finish chunk at all when streaming, exactly as vLLM answers)
     # | drop_after_first (one token, then abort) | fail (500 before any token)
+    # | hang_headers (completions never answer, not even headers; /health and the state still do)
     mode: str = "ok"
     received: list[dict[str, Any]] = field(default_factory=list)
     state_polls: int = 0
@@ -134,6 +135,8 @@ class FakeEngine:
         self.received.append(body)
         if self.mode == "fail":
             return JSONResponse({"error": {"message": "engine failed", "type": "internal"}}, 500)
+        if self.mode == "hang_headers":
+            await asyncio.sleep(3600)
         n = min(self.tokens, int(body.get("max_tokens") or self.tokens))
         n = {"drop": 0, "drop_after_first": 1}.get(self.mode, n)
         finish = "abort" if self.mode.startswith("drop") else "length"

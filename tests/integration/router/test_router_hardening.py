@@ -403,3 +403,39 @@ def test_a_connect_timeout_marks_an_engine_down_only_if_its_probe_gets_no_answer
     finally:
         alive.stop()
         silent.close()
+
+
+def test_a_stream_without_response_headers_is_retried_elsewhere_and_the_engine_stays_up(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
+) -> None:
+    a, b = fake_engines
+    a.mode = "hang_headers"  # completions hang before the headers; its /health still answers
+    b.state = loaded_state("b", queue_delay_s=30.0)  # so best-effort tries the idle-looking `a` first
+    r = start_router("--engines", f"{a.url},{b.url}", "--header-timeout", "1", ready=2)
+    resp = post(r, {"model": MODEL, "prompt": "x", "max_tokens": 2, "stream": True}, path="/v1/completions")
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-jitserve-pod"] == b.url.split("://")[1] and len(a.received) == 1
+    assert metric(r, 'jitserve_router_retries_total{reason="header_timeout"}') == 1
+    wait_until(lambda: not r.router.pool.replicas[a.url.split("://")[1]].probing, "a's probe to finish")
+    assert health(r, a.url) != "down"  # it answered its probe: slow, not hung
+
+
+def test_the_first_token_bound_of_an_slo_stream_covers_the_wait_for_headers(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
+) -> None:
+    a, b = fake_engines
+    a.mode = b.mode = "hang_headers"
+    # headers may take 600 s here: only the first-token bound (0.5 + 0.5 s + prefill) can end the wait
+    r = start_router(
+        "--engines", f"{a.url},{b.url}", "--header-timeout", "600", "--first-token-grace", "0.5", ready=2
+    )
+    body = {
+        "model": MODEL,
+        "prompt": "x",
+        "max_tokens": 2,
+        "stream": True,
+        "deadline": 20,
+        "waiting_time": 0.5,
+    }
+    resp = post(r, body, path="/v1/completions")  # (the client gives up after 60 s: that would fail)
+    assert resp.status_code == 503 and resp.json()["error"]["code"] == "waiting_time_exceeded", resp.text
