@@ -146,14 +146,14 @@ class Pool:
         finally:
             r.probing = False
 
-    def mark_unresponsive(self, r: Replica) -> None:
+    def mark_unresponsive(self, r: Replica, why: str = "") -> None:
         """`r` stopped answering (SIGSTOP, a stuck GPU, a dead node): down, and every request on it
         ends now (retried elsewhere where the client has nothing yet; an error event otherwise)."""
         if not r.down:
+            why = why or f"no answer to GET /health within {self.unresponsive_timeout_s:g}s"
             log.warning(
-                "replica %s (%s) is down: no answer to GET /health within %gs; ending its %d request(s)",
-                r.name, r.url, self.unresponsive_timeout_s, len(r.attempts),
-            )  # fmt: skip
+                "replica %s (%s) is down: %s; ending its %d request(s)", r.name, r.url, why, len(r.attempts)
+            )
         if not r.unresponsive and self.on_unresponsive is not None:
             self.on_unresponsive()
         r.down, r.healthy, r.unresponsive = True, False, True
@@ -191,6 +191,8 @@ class Pool:
             status, content = await self._get(client, r.url + STATE_PATH)
             if status == 200:
                 state = ReplicaState.model_validate_json(content)
+                if self._stalled(r, state):
+                    return  # its scheduler stopped stepping: down until its report moves again
                 r.state, r.state_at, r.sent_since_state = state, self.clock(), 0
                 r.models = r.models | {state.model}
             elif status in (404, 503):
@@ -221,6 +223,24 @@ class Pool:
         if not was_usable:
             log.info("replica %s (%s) is up (%s)", r.name, r.url, "state" if r.state else "no state")
             self.changed.set()
+
+    def _stalled(self, r: Replica, state: ReplicaState) -> bool:
+        """A JITServe engine whose HTTP server answers but whose scheduler is stuck (a hung GPU call):
+        the engine refreshes its report's `updated_at` about every second while it is idle or stepping
+        (scheduler/engine/state.py), so a report that has not moved for --unresponsive-timeout while
+        requests of ours sit on it and none of its streams sent a byte is a stuck engine. (Its /health
+        still answers: vLLM's does not look at the engine core's progress.)"""
+        now = self.clock()
+        if r.state is None or state.updated_at != r.state.updated_at:
+            r.state_moved_at = now
+            return False
+        if r.unresponsive:
+            return True  # marked hung before: it stays down until its report moves again
+        window = self.unresponsive_timeout_s
+        if r.inflight > 0 and now - r.state_moved_at >= window and now - r.last_byte >= window:
+            self.mark_unresponsive(r, f"its state report has not moved for {now - r.state_moved_at:.0f}s")
+            return True
+        return False
 
     async def _maybe_poll_models(self, client: aiohttp.ClientSession, r: Replica) -> None:
         # Served names (aliases included) rarely change: ask on first contact, then every 20 polls.

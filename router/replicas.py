@@ -53,6 +53,7 @@ class Replica:
     unresponsive: bool = False  # down because it stopped answering (its health probe timed out)
     probing: bool = False  # a liveness probe is out (a poll or a request timed out on it)
     last_byte: float = -math.inf  # router clock of the last bytes relayed from it (it is alive)
+    state_moved_at: float = -math.inf  # router clock when its report's updated_at last advanced
     attempts: set = field(default_factory=set)  # requests on it that can be ended (service.Attempt)
 
     def health(self, now: float, stale_after: float) -> Health:

@@ -81,7 +81,9 @@ class FakeEngine:
     # abort when not streaming, no finish chunk at all when streaming, exactly as vLLM answers)
     # | drop_after_first (one token, then abort) | fail (500 before any token)
     # | hang_headers (completions never answer, not even headers; /health and the state still do)
+    # | stuck_after_first (one token, then nothing: a stuck GPU; /health still answers)
     mode: str = "ok"
+    frozen_updated_at: float | None = None  # report this updated_at (a scheduler that stopped stepping)
     received: list[dict[str, Any]] = field(default_factory=list)
     state_polls: int = 0
     state_delay_s: float = 0.0  # answer /jitserve/state this late (a busy pod)
@@ -104,7 +106,8 @@ class FakeEngine:
                 await asyncio.sleep(self.state_delay_s)
             if self.state is None:
                 return JSONResponse({"detail": "Not Found"}, 404)
-            return JSONResponse({**self.state, "updated_at": time.time()})
+            updated = self.frozen_updated_at if self.frozen_updated_at is not None else time.time()
+            return JSONResponse({**self.state, "updated_at": updated})
 
         async def health(_: Request) -> Response:
             return Response(b"", 200)
@@ -175,6 +178,8 @@ class FakeEngine:
                 await asyncio.sleep(self.token_delay_s)
                 last = i == n - 1 and finish != "abort"
                 yield _event(rid, chat, " tok", finish if last else None, body.get("model"))
+                if self.mode == "stuck_after_first":
+                    await asyncio.sleep(3600)
             if finish == "abort":
                 yield _event(rid, chat, "", finish, body.get("model"))
             yield b"data: [DONE]\n\n"

@@ -439,3 +439,26 @@ def test_the_first_token_bound_of_an_slo_stream_covers_the_wait_for_headers(
     }
     resp = post(r, body, path="/v1/completions")  # (the client gives up after 60 s: that would fail)
     assert resp.status_code == 503 and resp.json()["error"]["code"] == "waiting_time_exceeded", resp.text
+
+
+def test_an_engine_whose_scheduler_is_stuck_is_found_by_its_unmoving_report(
+    fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
+) -> None:
+    """A stuck GPU: the engine's HTTP server (and /health) still answer, its stream stops after a token
+    and its state report's updated_at stops moving (the JITServe engine refreshes it every second while
+    it steps or idles)."""
+    a, b = fake_engines
+    a.mode = "stuck_after_first"
+    b.state = loaded_state("b", queue_delay_s=30.0)  # the SLO stream goes to `a`
+    r = start_router("--engines", f"{a.url},{b.url}", "--unresponsive-timeout", "1", ready=2)
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 50, "stream": True, "slo_class": "deadline"}
+    with httpx.stream("POST", r.url + "/v1/completions", json=body, timeout=60) as resp:
+        assert resp.status_code == 200 and resp.headers["x-jitserve-pod"] == a.url.split("://")[1]
+        a.frozen_updated_at = time.time()  # its scheduler stops stepping
+        events = read_sse(resp)
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "upstream_unresponsive", events
+    assert health(r, a.url) == "down"
+    resp = post(r, {"model": MODEL, "prompt": "y", "max_tokens": 1}, path="/v1/completions")
+    assert resp.status_code == 200 and resp.headers["x-jitserve-pod"] == b.url.split("://")[1]
+    a.mode, a.frozen_updated_at = "ok", None  # it steps again: back in the pool
+    wait_until(lambda: health(r, a.url) == "fresh", "the recovered engine back in the pool")

@@ -131,3 +131,32 @@ def test_a_request_the_engine_drops_is_an_error_not_an_empty_answer(real) -> Non
 # Placement away from a loaded pod is tested with fake engines (tests/integration/router/
 # test_router_placement.py): a real tiny-model engine on 2 cores cannot be held loaded reliably
 # from a test (docs/decisions/engine.md).
+
+
+def test_plain_clients_are_served_not_dropped_while_they_wait(real) -> None:
+    """Best-effort (no SLO: the default class `batch` here) is never dropped for waiting: more requests
+    than the engines' batches (B=2 each) at once, each asking for a waiting_time of 1 ms that an SLO
+    request could never meet, all get their answer; the engines were told not to drop them."""
+    import concurrent.futures
+
+    r, c, engines = real
+    model = engines[0].model_name
+
+    def call(i: int) -> int:
+        out = c.completions.create(
+            model=model, prompt=f"request {i}", max_tokens=32, stream=i % 2 == 0,
+            extra_body={"waiting_time": 0.001, "ignore_eos": True},
+        )  # fmt: skip
+        if i % 2 == 0:
+            return sum(1 for chunk in out if chunk.choices and chunk.choices[0].text)
+        return out.usage.completion_tokens
+
+    import time
+
+    started = time.time() - 1.0
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        produced = list(pool.map(call, range(12)))
+    assert all(n > 0 for n in produced), produced
+    seen = [x for e in engines for x in recent(e) if (x.get("arrival") or 0) >= started]
+    assert len(seen) == 12 and all(x["slo_class"] == "batch" for x in seen)
+    assert all(x["waiting_time_s"] == 86_400 and x["outcome"] != "dropped" for x in seen), seen
