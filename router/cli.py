@@ -193,7 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--best-effort-queue",
         type=int,
-        default=_env("best-effort-queue", 1024),
+        default=_env("best-effort-queue", 2048),
         help="best-effort (no SLO) requests waiting in the router for room at the engines; "
         "more get 429 queue_full with Retry-After",
     )

@@ -20,7 +20,7 @@ class RouterConfig:
     # streaming: an engine's response headers within this (vLLM sends them before scheduling), else
     # the request is retried elsewhere and the engine probed
     header_timeout_s: float = 30.0
-    best_effort_queue: int = 1024  # best-effort requests waiting in the router; beyond: 429 queue_full
+    best_effort_queue: int = 2048  # best-effort requests waiting in the router; beyond: 429 queue_full
     best_effort_slots: int = 0  # best-effort requests open per engine; 0: twice its batch size
     best_effort_max_wait_s: float = 600.0  # queued best-effort gives up only if no engine is usable then
     default_max_tokens: int = 1024  # length bound when the request gives no max_tokens
