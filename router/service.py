@@ -56,7 +56,7 @@ PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/com
 _RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 _ROLE_ONLY = b'"delta":{"role":"assistant","content":""}'  # vLLM's opening chunk of a chat stream
 _STOP_REASON = re.compile(rb'"stop_reason":\s*"([^"]{0,300})"')
-_NO_RETRY = {"x-should-retry": "false"}
+_NO_RETRY = {"x-should-retry": "false"}  # tells the OpenAI SDK not to retry (the SLO is already lost)
 # The SLO model's field names -> the request field a client sent (400s name what the client wrote)
 _SLO_PARAM = {
     "ttft": "target_ttft",
@@ -65,7 +65,7 @@ _SLO_PARAM = {
     "tbtSeconds": "target_tbt",
     "deadlineSeconds": "deadline",
     "waitingTimeSeconds": "waiting_time",
-}  # tells the OpenAI SDK not to retry (the SLO is already lost)
+}
 
 
 Resolved = tuple[str, SLO, OverloadAction, float | None]  # class name, SLO, overload action, per-stage D
@@ -310,15 +310,16 @@ class Router:
     async def _await_slot(self, fut: asyncio.Future[None], model: str) -> None:
         """Wait for a best-effort slot. While some engine is usable there is no time limit (best-effort
         is never dropped for waiting); with none usable for --best-effort-max-wait, a 503 no_replica."""
+        check_s = min(5.0, self.config.best_effort_max_wait_s)  # thousands may wait: look up rarely
         waited_without_engine = 0.0
         while True:
-            done, _ = await asyncio.wait((fut,), timeout=1.0)
+            done, _ = await asyncio.wait((fut,), timeout=check_s)
             if done:
                 return
-            if self.pool.candidates(model)[0]:
+            if any(r.serves(model) for r in self.pool.usable()):
                 waited_without_engine = 0.0
                 continue
-            waited_without_engine += 1.0
+            waited_without_engine += check_s
             if waited_without_engine >= self.config.best_effort_max_wait_s:
                 self.metrics.child(self.metrics.drops, "best-effort", "no_replica").inc()
                 raise unavailable(
@@ -480,7 +481,9 @@ class Router:
         or for best-effort (never dropped for waiting) up to --best-effort-max-wait."""
         best_effort = new.slo.type is SLOType.BEST_EFFORT
         patience = self.config.best_effort_max_wait_s if best_effort else new.slo.waiting_time
-        deadline = new.arrival + patience
+        # best-effort may have waited in its queue already (engines busy, not gone): its patience for
+        # a usable engine starts now
+        deadline = (self.clock() if best_effort else new.arrival) + patience
         exclude = frozenset(tried)
         while True:
             reps, states = self.pool.candidates(inbound.model, exclude)
