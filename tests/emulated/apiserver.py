@@ -23,7 +23,6 @@ import asyncio
 import collections
 import copy
 import datetime
-import itertools
 import time
 import uuid
 from typing import Any
@@ -99,6 +98,61 @@ def _status_error(
     return kmock.KubernetesError(status=status, reason=reason, message=message, details=details or {})
 
 
+def _validate_list_options(params: Any, watch: bool, watch_list: bool = True) -> None:
+    """ListOptions as the real server checks them before a list or a watch (k8s.io/apimachinery,
+    pkg/apis/meta/internalversion/validation/validation.go, ValidateListOptions; WatchList is on, as
+    in Kubernetes 1.34+). A client that gets this 422 for a watch-list falls back to list + watch."""
+    match = params.get("resourceVersionMatch") or ""
+    initial = params.get("sendInitialEvents")
+    causes: list[tuple[str, str, str]] = []  # (field, message, reason)
+    forbidden, not_supported = "FieldValueForbidden", "FieldValueNotSupported"
+    if watch:
+        if initial is not None and match != "NotOlderThan":
+            message = "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
+            causes.append(("resourceVersionMatch", message, forbidden))
+        if initial is not None and not watch_list:
+            message = "Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate "
+            message += "is enabled"
+            causes.append(("sendInitialEvents", message, forbidden))
+        if match:
+            if initial is None:
+                message = "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents "
+                message += "is provided"
+                causes.append(("resourceVersionMatch", message, forbidden))
+            if match != "NotOlderThan":
+                message = f'Unsupported value: "{match}": supported values: "NotOlderThan"'
+                causes.append(("resourceVersionMatch", message, not_supported))
+            if params.get("continue"):
+                message = "Forbidden: resourceVersionMatch is forbidden when continue is provided"
+                causes.append(("resourceVersionMatch", message, forbidden))
+    else:
+        if match:
+            if not params.get("resourceVersion"):
+                message = "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided"
+                causes.append(("resourceVersionMatch", message, forbidden))
+            if params.get("continue"):
+                message = "Forbidden: resourceVersionMatch is forbidden when continue is provided"
+                causes.append(("resourceVersionMatch", message, forbidden))
+            if match not in ("Exact", "NotOlderThan"):
+                message = f'Unsupported value: "{match}": supported values: "Exact", "NotOlderThan", ""'
+                causes.append(("resourceVersionMatch", message, not_supported))
+            if match == "Exact" and params.get("resourceVersion") == "0":
+                message = 'Forbidden: resourceVersionMatch "exact" is forbidden for resourceVersion "0"'
+                causes.append(("resourceVersionMatch", message, forbidden))
+        if initial is not None:
+            message = "Forbidden: sendInitialEvents is forbidden for list"
+            causes.append(("sendInitialEvents", message, forbidden))
+    if causes:
+        texts = [f"{field}: {message}" for field, message, _ in causes]
+        joined = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+        details = {
+            "group": "meta.k8s.io",
+            "kind": "ListOptions",
+            "causes": [{"reason": r, "field": f, "message": m} for f, m, r in causes],
+        }
+        raise _status_error(422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {joined}', details)
+
+
 class _RecordingBus(aiobus.Bus):
     """kmock's per-resource event bus; every event is also kept in the server's history (for resume)."""
 
@@ -115,13 +169,20 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        self._rv = itertools.count(1)
+        self._rv_now = 0  # the newest resourceVersion handed out (a list's, a bookmark's)
         self._history: list[tuple[int, Any, dict[str, Any]]] = []
         self._seq_by_id: dict[int, int] = {}
+        self._last_seq = 0  # the resourceVersion of the newest recorded event
+        # The WatchList feature gate (on by default since Kubernetes 1.34); off, a watch-list is
+        # refused with 422 and client-go falls back to list + watch.
+        self.watch_list = True
+        self._watchers: collections.Counter[str] = collections.Counter()  # plural -> open watches
         self._buses = collections.defaultdict(self._new_bus)
         self._write_lock = asyncio.Lock()
         self._crds: dict[Any, dict[str, Any]] = {}  # resource -> served CRD version (schema, subresources)
         self._info_cache: dict[tuple[Any, Any, Any], Any] = {}  # (group, version, plural) -> ResourceInfo
+        self._resources_cache: list[Any] | None = None  # the served resources (see _get_resources)
+        self._discovery: dict[str, Any] = {}  # discovery path -> its document (see _serve_discovery)
         self._alive: dict[str, Any] = {}  # uid -> key of every live object (for the garbage collector)
         self._dependents: collections.defaultdict[str, set[Any]] = collections.defaultdict(
             set
@@ -134,8 +195,9 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         self.objects["v1/namespaces", None, "default"] = {
             "apiVersion": "v1",
             "kind": "Namespace",
-            "metadata": {"name": "default", "uid": str(uuid.uuid4()), "resourceVersion": str(next(self._rv))},
+            "metadata": {"name": "default", "uid": str(uuid.uuid4()), "resourceVersion": self._bump()},
         }
+        self._last_seq = self._rv_now
 
     # ---- events and history ------------------------------------------------------------------------
 
@@ -144,14 +206,40 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         bus.owner = self
         return bus
 
+    def _bump(self) -> str:
+        """The next resourceVersion (etcd's revision: one counter for every object of every kind)."""
+        self._rv_now += 1
+        return str(self._rv_now)
+
     def _record(self, bus: Any, event: dict[str, Any]) -> None:
-        seq = next(self._rv)
-        if event.get("type") == "DELETED":  # the real server bumps the resourceVersion on deletion too
+        rv = str((event.get("object", {}).get("metadata") or {}).get("resourceVersion") or "")
+        if event.get("type") == "DELETED" or not rv.isdigit():
+            # The real server bumps the resourceVersion on deletion too.
+            rv = self._bump()
             obj = dict(event["object"])
-            obj["metadata"] = dict(obj.get("metadata") or {}, resourceVersion=str(seq))
+            obj["metadata"] = dict(obj.get("metadata") or {}, resourceVersion=rv)
             event["object"] = obj
+        seq = int(rv)  # an event is the write that made its object's resourceVersion: one number
         self._history.append((seq, bus, event))
         self._seq_by_id[id(event)] = seq
+        self._last_seq = max(self._last_seq, seq)
+
+    def _initial_events_end(self, resource: Any, rv: int) -> dict[str, Any]:
+        """The bookmark that ends a watch-list's initial events: an empty object of the kind with
+        only its resourceVersion and the annotation (k8s.io/apiserver, pkg/storage/util.go,
+        AnnotateInitialEventsEndBookmark)."""
+        info = self._info(resource)
+        return {
+            "type": "BOOKMARK",
+            "object": {
+                "kind": info.kind if info is not None and info.kind else "",
+                "apiVersion": f"{resource.group}/{resource.version}" if resource.group else resource.version,
+                "metadata": {
+                    "resourceVersion": str(rv),
+                    "annotations": {"k8s.io/initial-events-end": "true"},
+                },
+            },
+        }
 
     # ---- lookups --------------------------------------------------------------------------------------
 
@@ -166,6 +254,10 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         if key in self.objects and not self.objects[key].deleted:
             return copy.deepcopy(self.objects[key].raw)
         return None
+
+    def watching(self, plural: str) -> int:
+        """How many watches of this resource are open (for tests that must act after a watch began)."""
+        return self._watchers[plural]
 
     def live_objects(self) -> list[tuple[Any, str | None, str, dict[str, Any]]]:
         return [(r, ns, n, obj.raw) for (r, ns, n), obj in self.objects.items() if not obj.deleted]
@@ -189,6 +281,8 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                 subresources=set((ver.get("subresources") or {}).keys()),
             )
             self._info_cache.clear()
+            self._resources_cache = None
+            self._discovery.clear()
             for res in self.resources:
                 if f"{res.group}/{res.version}/{res.plural}" == key:
                     self._crds[res] = {"kind": names.get("kind"), "group": spec["group"], **ver}
@@ -211,7 +305,10 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         if outcome.errors:
             texts = [f"{where}: {message}" for where, message in outcome.errors]
             joined = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
-            causes = [{"reason": "FieldValueInvalid", "field": w, "message": m} for w, m in outcome.errors]
+            causes = [
+                {"reason": r, "field": w, "message": m}
+                for (w, m), r in zip(outcome.errors, outcome.reasons, strict=True)
+            ]
             details = {"name": name, "group": crd["group"], "kind": crd["kind"], "causes": causes}
             raise _status_error(422, "Invalid", f'{kind} "{name}" is invalid: {joined}', details)
         return outcome.obj
@@ -240,15 +337,19 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         meta = obj["metadata"]
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = _now()
-        meta["resourceVersion"] = str(next(self._rv))
+        meta["resourceVersion"] = self._bump()
         meta["generation"] = 1
         if request.resource.plural == "customresourcedefinitions":
             self._register_crd(obj)
         request.data.clear()
         request.data.update(obj)
 
-    def _prepare_update(self, request: Any, method: str) -> None:
-        """Compute the whole new object for PUT/PATCH (main or /status), then hand kmock the diff."""
+    def _prepare_update(self, request: Any, method: str) -> bool:
+        """Compute the whole new object for PUT/PATCH (main or /status), then hand kmock the diff.
+
+        Returns False for a write that changes nothing: etcd3's GuaranteedUpdate (k8s.io/apiserver,
+        pkg/storage/etcd3/store.go) skips a write whose encoding equals the stored one, so such a
+        write keeps the resourceVersion and sends no watch event."""
         old = self._live(request.resource, request.namespace, request.name)
         if old is None:
             raise _not_found(request.resource, request.name)
@@ -281,7 +382,10 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
             if key in old["metadata"]:
                 meta[key] = old["metadata"][key]
         if request.subresource == "status":
-            new = dict(old, status=new.get("status"))
+            # The status strategy (apiextensions-apiserver, registry/customresource/status_strategy.go,
+            # PrepareForUpdate) copies the old object and takes only .status from the request. A copy:
+            # sharing `old`'s metadata would hide the new resourceVersion from the diff below.
+            new = copy.deepcopy(dict(old, status=new.get("status")))
             if new["status"] is None:
                 new.pop("status")
         elif self._has_status(request.resource):
@@ -294,11 +398,15 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         meta = new["metadata"]
         if _body_of(new) != _body_of(old):
             meta["generation"] = int(old["metadata"].get("generation") or 1) + 1
-        meta["resourceVersion"] = str(next(self._rv))
+        meta["resourceVersion"] = old["metadata"].get("resourceVersion")
+        if new == old:
+            return False
+        meta["resourceVersion"] = self._bump()
         diff = _merge_diff(old, new)
         object.__setattr__(request, "data", diff)
         object.__setattr__(request, "method", enums.method.PATCH)
         object.__setattr__(request, "action", enums.action.UPDATE)
+        return True
 
     # ---- the scale subresource of custom resources ----------------------------------------------
 
@@ -321,8 +429,8 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
             node[spec_path[-1]] = replicas
             object.__setattr__(request, "data", patch)
             object.__setattr__(request, "subresource", None)
-            self._prepare_update(request, "PATCH")
-            await self._store(request, "update")
+            if self._prepare_update(request, "PATCH"):
+                await self._store(request, "update")
             obj = self._live(request.resource, request.namespace, request.name) or obj
         value: Any = obj
         for part in spec_path:
@@ -371,7 +479,7 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                             {
                                 "metadata": {
                                     "deletionTimestamp": _now(),
-                                    "resourceVersion": str(next(self._rv)),
+                                    "resourceVersion": self._bump(),
                                 }
                             }
                         )
@@ -395,9 +503,17 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(rows)
         res = request.resource
         method = str(request.method.value).upper()
+        if method == "GET" and (res is None or res.plural is None):
+            payload = await self._serve_discovery(request)
+            if payload is not None:
+                return aiohttp.web.json_response(payload)
         served = res is not None and res.plural is not None and self._info(res) is not None
+        if res is not None and res.plural is not None and not served:
+            raise _status_error(404, "NotFound", "the server could not find the requested resource")
+        if served and method == "GET" and request.name is None:
+            _validate_list_options(request.params, request.action == enums.action.WATCH, self.watch_list)
         if not served or request.action == enums.action.WATCH:
-            return await super()._handle(request)  # discovery, watch streams, unknown resources
+            return await super()._handle(request)  # watch streams (and whatever else kmock serves)
         # Everything else is served directly: kmock's reaction matching costs ~50 ms a request.
         if request.subresource == "scale":
             if method == "GET":
@@ -414,8 +530,10 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                 self._prepare_create(request)
                 payload = await self._store(request, "create")
             elif method in ("PUT", "PATCH") and request.name is not None and request.data is not None:
-                self._prepare_update(request, method)
-                payload = await self._store(request, "update")
+                if self._prepare_update(request, method):
+                    payload = await self._store(request, "update")
+                else:  # nothing changed: no write, no event, the same resourceVersion
+                    payload = self._live(res, request.namespace, request.name) or {}
             elif method == "DELETE" and request.name is not None:
                 payload = await self._store(request, "delete")
             else:
@@ -460,9 +578,7 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                 if meta.get("deletionTimestamp"):
                     return obj.raw
                 if meta.get("finalizers"):
-                    obj.patch(
-                        {"metadata": {"deletionTimestamp": _now(), "resourceVersion": str(next(self._rv))}}
-                    )
+                    obj.patch({"metadata": {"deletionTimestamp": _now(), "resourceVersion": self._bump()}})
                     await bus.put({"type": "MODIFIED", "object": obj.raw})
                     return obj.raw
                 raw = obj.raw
@@ -497,6 +613,38 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
 
     # ---- discovery, list and watch --------------------------------------------------------------------
 
+    def _get_resources(self) -> list[Any]:
+        """The served resources: the registered kinds only. kmock's version adds the kind of every
+        stored object (a scan of the whole store on each discovery request) and its reactions' kinds."""
+        if self._resources_cache is None:
+            self._resources_cache = list(self.resources)
+        return self._resources_cache
+
+    async def _serve_discovery(self, request: Any) -> Any:
+        """/, /version, /api, /apis, /api/v1, /apis/G and /apis/G/V from a cache that only CRD
+        registration invalidates: discovery never reads objects, so its cost does not grow with them.
+        kubectl asks for aggregated discovery first and falls back to these documents."""
+        path = "/" + request.url.path.strip("/")
+        if path in self._discovery:
+            return copy.deepcopy(self._discovery[path])
+        parts = path.strip("/").split("/")
+        if path == "/":
+            payload = await self._serve_root(request)
+        elif path == "/version":
+            payload = await self._serve_server_version(request)
+        elif path == "/api":
+            payload = await self._serve_api(request)
+        elif path == "/apis":
+            payload = await self._serve_apis(request)
+        elif parts == ["api", "v1"] or (parts[0] == "apis" and len(parts) == 3):
+            payload = await self._serve_version(request)
+        elif parts[0] == "apis" and len(parts) == 2:
+            payload = await self._serve_group(request)
+        else:
+            return None
+        self._discovery[path] = payload
+        return copy.deepcopy(payload)
+
     async def _serve_version(self, request: Any) -> Any:
         # kmock renders the core group as "/v1" and repeats short names on subresources (kubectl warns).
         payload = await super()._serve_version(request)
@@ -518,36 +666,58 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         return {
             "kind": f"{info.kind}List" if info is not None and info.kind else "List",
             "apiVersion": f"{res.group}/{res.version}" if res.group else res.version,
-            "metadata": {"resourceVersion": str(next(self._rv))},
+            "metadata": {"resourceVersion": str(self._last_seq)},  # what these items reflect
             "items": [item for item in items if match(item)],
         }
 
     async def _serve_watch(self, request: Any) -> Any:
-        # Subscribe first, then replay (kmock 0.8 replays first and loses events in between); resume
-        # from ?resourceVersion=R by replaying the recorded history after R.
+        """A watch, as the real server's watch cache serves it (k8s.io/apiserver, pkg/storage/cacher):
+
+        - ?resourceVersion=R (R > 0): the recorded events after R, then live events;
+        - ?sendInitialEvents=true (a watch-list, KEP-3157; kubectl 1.35 `wait` and every client-go
+          1.35 informer ask for it): an ADDED event per object, then, with allowWatchBookmarks=true,
+          a BOOKMARK at the current resourceVersion annotated "k8s.io/initial-events-end": "true"
+          (cacher.go setInitialEventsEndBookmarkIfRequested, cache_watcher.go convertToWatchEvent),
+          then live events; the client-go reflector waits for that bookmark before it is synced;
+        - ?sendInitialEvents=false with no resourceVersion (or "0"): live events only;
+        - neither (the legacy watch): an ADDED event per object, then live events.
+        Subscribes before it replays (kmock 0.8 replays first and loses events in between)."""
         yield b""
-        match = matcher(request.params)
+        params = request.params
+        match = matcher(params)
         check = self._KubernetesEmulator__check
         bus = self._buses[request.resource]
         marker = await bus.mark()
+        self._watchers[request.resource.plural] += 1
         try:
-            rv = request.params.get("resourceVersion") or ""
+            rv = params.get("resourceVersion") or ""
+            initial = params.get("sendInitialEvents")
+            bookmark: dict[str, Any] | None = None
             async with self._lock:
-                if rv.isdigit() and int(rv) > 0:
+                last = self._last_seq  # every event up to here is in the objects below
+                current = [
+                    {"type": "ADDED", "object": obj.raw}
+                    for (res, _, _), obj in self.objects.items()
+                    if res == request.resource and not obj.deleted
+                ]
+                if initial == "true":
+                    replay = current
+                    if params.get("allowWatchBookmarks") == "true":
+                        bookmark = self._initial_events_end(request.resource, last)
+                elif rv.isdigit() and int(rv) > 0:
                     replay = [ev for seq, b, ev in self._history if b is bus and seq > int(rv)]
-                    last = max([int(rv)] + [seq for seq, b, _ in self._history if b is bus])
+                    last = max(last, int(rv))
+                elif initial == "false":
+                    replay = []
                 else:
-                    replay = [
-                        {"type": "ADDED", "object": obj.raw}
-                        for (res, _, _), obj in self.objects.items()
-                        if res == request.resource and not obj.deleted
-                    ]
-                    last = max([seq for seq, b, _ in self._history if b is bus], default=0)
+                    replay = current
             for ev in replay:
                 md = ev.get("object", {}).get("metadata", {})
                 visible = check(request, request.resource, md.get("namespace"), md.get("name"), strict=False)
                 if visible and match(ev["object"]):
                     yield ev
+            if bookmark is not None:
+                yield bookmark
             async for ev in bus.stream(since=marker):
                 if self._seq_by_id.get(id(ev), 1 << 62) <= last:
                     continue  # already replayed
@@ -556,4 +726,5 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                 if visible and match(ev["object"]):
                     yield ev
         finally:
+            self._watchers[request.resource.plural] -= 1
             await bus.unmark(marker)

@@ -10,17 +10,21 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# The real kubectl 1.35 that `make tools` installs (the system kubectl may be an older wrapper).
+TOOLS_KUBECTL = Path(__file__).resolve().parents[2] / ".cache" / "tools" / "kubectl" / "kubectl"
+
 
 class Kubectl:
     """The real kubectl against the emulated API server (no OpenAPI there: --validate=false)."""
 
-    def __init__(self, kubeconfig: Path) -> None:
+    def __init__(self, kubeconfig: Path, binary: str | Path = "kubectl") -> None:
         self.kubeconfig = kubeconfig
+        self.binary = str(binary)
 
     def __call__(
         self, *args: str, input: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess:  # noqa: A002
-        cmd = ["kubectl", f"--kubeconfig={self.kubeconfig}", *args]
+        cmd = [self.binary, f"--kubeconfig={self.kubeconfig}", *args]
         result = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=60)
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stderr}")
