@@ -183,6 +183,8 @@ def engine_deployment(pool: Pool) -> Manifest:
         "metadata": _meta(pool, api.engine_name(pool.name), "engine"),
         "spec": {
             "replicas": spec.replicas,
+            # Longer than the startup probe's 30 minutes: loading weights is progress too.
+            "progressDeadlineSeconds": spec.progressDeadlineSeconds,
             "selector": {"matchLabels": api.selector_labels(pool.name, "engine")},
             # No surge: a GPU pool rarely has a spare GPU for an extra pod during a rollout.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
@@ -288,6 +290,8 @@ def router_deployment(pool: Pool) -> Manifest:
         "metadata": _meta(pool, api.router_name(pool.name), "router"),
         "spec": {
             "replicas": spec.router.replicas,
+            # The router is ready once an engine is (/readyz): it waits as long as the engines do.
+            "progressDeadlineSeconds": spec.progressDeadlineSeconds,
             "selector": {"matchLabels": api.selector_labels(pool.name, "router")},
             "template": {
                 # No hash of the classes here on purpose: the router watches its ConfigMap, so an

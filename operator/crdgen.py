@@ -22,48 +22,73 @@ import yaml
 from pydantic import BaseModel
 
 from jitserve.operator import api
+from jitserve.operator import validation as v
 from jitserve.operator.models import ServingPoolSpec, ServingPoolStatus, SLOClassStatus
 from jitserve.scheduler.slo import SLOClassSpec
 
 HEADER = "# Generated from the pydantic models by `jitserve crds --output-dir crds/`. Do not edit.\n"
 
 # CEL rules, keyed by the path of the schema node they sit on. Each mirrors a pydantic validator
-# (scheduler/slo.py, operator/models.py); written so that absent optional fields never error.
+# (scheduler/slo.py, operator/models.py); written so that absent optional fields never error. `reason`
+# (the field error type kubectl prints: Required value, Forbidden, Invalid value) and `fieldPath`
+# (relative to the rule's node) point the user at the field to fix.
+REQUIRED, FORBIDDEN, INVALID = "FieldValueRequired", "FieldValueForbidden", "FieldValueInvalid"
+
 SLOCLASS_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     ("spec",): [
         {
             "rule": "self.type != 'latency' || has(self.ttftSeconds)",
             "message": "a latency class needs ttftSeconds",
+            "reason": REQUIRED,
+            "fieldPath": ".ttftSeconds",
         },
         {
             "rule": "!has(self.tbtSeconds) || has(self.ttftSeconds)",
             "message": "tbtSeconds needs ttftSeconds: a token timeline starts at the first token",
+            "reason": REQUIRED,
+            "fieldPath": ".ttftSeconds",
         },
         {
             "rule": "self.type == 'latency' || (!has(self.ttftSeconds) && !has(self.tbtSeconds))",
             "message": "ttftSeconds and tbtSeconds apply to latency classes only",
+            "reason": INVALID,
+            "fieldPath": ".type",
         },
         {
             "rule": "self.type != 'latency' || !has(self.deadlineSeconds)",
             "message": "deadlineSeconds is not used by a latency class; use type deadline",
+            "reason": FORBIDDEN,
+            "fieldPath": ".deadlineSeconds",
         },
         {
             "rule": "!(self.type in ['deadline', 'compound']) || has(self.deadlineSeconds)",
             "message": "deadline and compound classes need deadlineSeconds",
+            "reason": REQUIRED,
+            "fieldPath": ".deadlineSeconds",
         },
         {
             "rule": "!has(self.perStage) || !self.perStage || self.type == 'compound'",
             "message": "perStage applies to compound classes only",
+            "reason": FORBIDDEN,
+            "fieldPath": ".perStage",
         },
     ],
 }
 
 SERVINGPOOL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     (): [
+        # No fieldPath on these two: metadata has no properties in a CRD schema to point into.
         {
             "rule": f"self.metadata.name.size() <= {api.MAX_POOL_NAME}",
             "message": f"a ServingPool name has at most {api.MAX_POOL_NAME} characters "
             "(its children's names add a suffix)",
+            "reason": INVALID,
+        },
+        {
+            "rule": f"self.metadata.name.matches('{v.DNS1035_LABEL}')",
+            "message": "a ServingPool name must be a DNS-1035 label (lower-case letters, digits and '-', "
+            "starting with a letter): its Services are named after it",
+            "reason": INVALID,
         },
     ],
     ("spec",): [
@@ -71,26 +96,57 @@ SERVINGPOOL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "rule": "!has(self.engine) || !has(self.engine.backend) || self.engine.backend != 'vllm-cpu'"
             " || !has(self.resources) || !has(self.resources.gpus) || self.resources.gpus == 0",
             "message": "engine.backend vllm-cpu takes no GPUs: unset resources.gpus or set it to 0",
+            "reason": FORBIDDEN,
+            "fieldPath": ".resources.gpus",
         },
     ],
     ("spec", "model"): [
         {
             "rule": "(has(self.source) && self.source != 'huggingface') || has(self.name)",
             "message": "model.source huggingface needs model.name (the model id)",
+            "reason": REQUIRED,
+            "fieldPath": ".name",
         },
         {
             "rule": "!has(self.source) || self.source != 'pvc' || has(self.pvc)",
             "message": "model.source pvc needs model.pvc.claimName",
+            "reason": REQUIRED,
+            "fieldPath": ".pvc",
         },
         {
             "rule": "!has(self.source) || self.source != 'uri' || has(self.uri)",
             "message": "model.source uri needs model.uri",
+            "reason": REQUIRED,
+            "fieldPath": ".uri",
+        },
+    ],
+    ("spec", "tolerations", "[]"): [
+        {
+            "rule": "!has(self.operator) || self.operator != 'Exists' || !has(self.value)"
+            " || self.value == ''",
+            "message": "a toleration with operator Exists takes no value",
+            "reason": FORBIDDEN,
+            "fieldPath": ".value",
+        },
+        {
+            "rule": "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+            "message": "a toleration without a key needs operator Exists",
+            "reason": INVALID,
+            "fieldPath": ".operator",
+        },
+        {
+            "rule": "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "message": "tolerationSeconds needs effect NoExecute",
+            "reason": INVALID,
+            "fieldPath": ".effect",
         },
     ],
     ("spec", "sloClasses"): [
         {
             "rule": "!has(self.default) || self.default in self.allowed",
             "message": "sloClasses.default must be one of sloClasses.allowed",
+            "reason": INVALID,
+            "fieldPath": ".default",
         },
     ],
 }
@@ -120,8 +176,11 @@ def _openapi(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         if node.get("x-kubernetes-int-or-string"):
             node.pop("default", None)
             out = {"x-kubernetes-int-or-string": True}
-            if "description" in node:
-                out["description"] = node["description"]
+            # A pattern and length bind strings only, a minimum integers only (as in Kubernetes'
+            # own int-or-string quantities).
+            for key in ("description", "pattern", "maxLength", "minimum"):
+                if key in node:
+                    out[key] = node[key]
             return out
         if len(branches) == 1:
             if node.get("default", "absent") is None:
@@ -162,7 +221,7 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 def _node(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
     for part in path:
-        schema = schema["properties"][part]
+        schema = schema["items"] if part == "[]" else schema["properties"][part]
     return schema
 
 
@@ -411,19 +470,26 @@ def reference_markdown() -> str:
         rules = []
         for path, node in [("", schema)] + [(f".{p}", n) for p, n in _rule_nodes(schema, "")]:
             rules += [
-                f"| `{path or '.'}` | `{_cell(r['rule'])}` | {_cell(r['message'])} |"
+                f"| `{path or '.'}` | `{_cell(r['rule'])}` | {_cell(r['message'])} | {_reason(r)} |"
                 for r in node.get("x-kubernetes-validations") or []
             ]
         out += [
             "",
             f"### {kind} validation rules (CEL)",
             "",
-            "| on | rule | message |",
-            "|---|---|---|",
+            "| on | rule | message | reported as |",
+            "|---|---|---|---|",
             *rules,
         ]
     out.append(REFERENCE_END)
     return "\n".join(out) + "\n"
+
+
+def _reason(rule: dict[str, str]) -> str:
+    """How kubectl shows a failed rule: the field (fieldPath) and its error type (reason)."""
+    label = {REQUIRED: "Required value", FORBIDDEN: "Forbidden", INVALID: "Invalid value"}
+    where = f"`{rule['fieldPath']}`: " if rule.get("fieldPath") else ""
+    return where + label.get(rule.get("reason", INVALID), rule.get("reason", ""))
 
 
 def _cell(text: str) -> str:
@@ -436,4 +502,7 @@ def _rule_nodes(node: dict[str, Any], prefix: str) -> list[tuple[str, dict[str, 
         path = f"{prefix}.{name}" if prefix else name
         found.append((path, sub))
         found += _rule_nodes(sub, path)
+    if isinstance(node.get("items"), dict):
+        found.append((f"{prefix}[]", node["items"]))
+        found += _rule_nodes(node["items"], f"{prefix}[]")
     return found

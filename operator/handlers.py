@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 
 from jitserve.operator import api
-from jitserve.operator.reconciler import Reconciler
+from jitserve.operator.reconciler import Reconciler, TransientApiError
 from jitserve.operator.runtime import CONFIG
 
 log = logging.getLogger("jitserve.operator")
@@ -107,7 +107,12 @@ def pool_changed(
     namespace: str, name: str, class_specs: kopf.Index, pool_classes: kopf.Index, **_: Any
 ) -> None:
     _remember(class_specs, pool_classes)
-    _rec().reconcile(namespace, name)
+    try:
+        _rec().reconcile(namespace, name)
+    except TransientApiError as exc:
+        # Recorded in the pool's conditions already; try again soon. Permanent failures (Forbidden,
+        # Invalid) are not retried here: the resync repairs them once fixed, every resync_seconds.
+        raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_seconds) from None
 
 
 @kopf.on.event(api.SERVINGPOOL_PLURAL)

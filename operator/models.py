@@ -8,16 +8,52 @@ tests/unit/operator/test_cel_rules.py checks that both agree.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# Kubernetes quantities ("4", "500m", "16Gi"); the CRD marks them x-kubernetes-int-or-string.
+from jitserve.operator import validation as v
+
+
+def _check_quantity(value: str | int) -> str | int:
+    if not v.is_quantity(value):
+        raise ValueError(
+            f"{value!r} is not a Kubernetes quantity (a non-negative number with an optional suffix: "
+            "500m, 4, 16Gi, 1e9)"
+        )
+    return value
+
+
+# Kubernetes quantities ("4", "500m", "16Gi"); the CRD marks them x-kubernetes-int-or-string, with the
+# quantity grammar as the pattern of strings and a minimum of 0 for integers.
 Quantity = Annotated[
-    str | int,
-    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+    int | str,
+    Field(
+        json_schema_extra={
+            "x-kubernetes-int-or-string": True,
+            "pattern": v.QUANTITY,
+            "maxLength": v.QUANTITY_MAX_LENGTH,
+            "minimum": 0,
+        }
+    ),
+    AfterValidator(_check_quantity),
 ]
+
+# Names of other objects: Secrets, PersistentVolumeClaims, SLOClasses (DNS-1123 subdomains).
+ObjectName = Annotated[
+    str, Field(min_length=1, max_length=v.DNS1123_SUBDOMAIN_MAX_LENGTH, pattern=v.DNS1123_SUBDOMAIN)
+]
+NamespaceName = Annotated[
+    str, Field(min_length=1, max_length=v.DNS1123_LABEL_MAX_LENGTH, pattern=v.DNS1123_LABEL)
+]
+LabelValue = Annotated[str, Field(max_length=v.LABEL_VALUE_MAX_LENGTH, pattern=v.LABEL_VALUE)]
+Image = Annotated[str, Field(min_length=1, max_length=512, pattern=v.IMAGE)]
+
+
+# Engines get 30 minutes to load weights (their startup probe); a rollout may take that plus a pull.
+DEFAULT_PROGRESS_DEADLINE = 2400
 
 
 class _Model(BaseModel):
@@ -31,7 +67,7 @@ class ModelSource(StrEnum):
 
 
 class PVCModel(_Model):
-    claimName: str = Field(min_length=1, max_length=253, description="PersistentVolumeClaim holding weights")
+    claimName: ObjectName = Field(description="PersistentVolumeClaim holding weights")
     path: str = Field("", max_length=1024, description="directory of the model inside the claim")
 
 
@@ -54,8 +90,8 @@ class ModelSpec(_Model):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
         description="the model name clients send in OpenAI requests",
     )
-    hfTokenSecret: str | None = Field(
-        None, max_length=253, description="Secret with key 'token' exported as HF_TOKEN (gated models)"
+    hfTokenSecret: ObjectName | None = Field(
+        None, description="Secret with key 'token' exported as HF_TOKEN (gated models)"
     )
 
     @model_validator(mode="after")
@@ -75,22 +111,36 @@ class EngineBackend(StrEnum):
 
 class EngineSpec(_Model):
     backend: EngineBackend = Field(EngineBackend.VLLM, description="vllm (GPUs) or vllm-cpu (no GPUs)")
-    image: str | None = Field(
-        None, max_length=512, description="engine image; the operator's default if unset"
-    )
+    image: Image | None = Field(None, description="engine image; the operator's default if unset")
     extraArgs: list[str] = Field(
         default_factory=list, max_length=64, description="extra vLLM arguments, after '--'"
     )
 
 
 class Toleration(_Model):
-    key: str | None = Field(None, max_length=316)
+    key: str | None = Field(
+        None,
+        max_length=v.QUALIFIED_NAME_MAX_LENGTH,
+        pattern=v.QUALIFIED_NAME,
+        description="taint key (a label key); unset: every key, with operator Exists",
+    )
     operator: str | None = Field(None, json_schema_extra={"enum": ["Exists", "Equal"]})
-    value: str | None = Field(None, max_length=63)
+    value: LabelValue | None = Field(None, description="taint value (a label value); none with Exists")
     effect: str | None = Field(
         None, json_schema_extra={"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]}
     )
-    tolerationSeconds: int | None = None
+    tolerationSeconds: int | None = Field(None, description="NoExecute only: how long the pod stays")
+
+    @model_validator(mode="after")
+    def _check(self) -> Toleration:
+        # The checks of Kubernetes' validateTolerations (pkg/apis/core/validation/validation.go).
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator Exists takes no value")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key needs operator Exists")
+        if self.tolerationSeconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds needs effect NoExecute")
+        return self
 
 
 class ResourcesSpec(_Model):
@@ -130,11 +180,11 @@ class SchedulerSpec(_Model):
 
 
 class SLOClassesSpec(_Model):
-    allowed: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+    allowed: list[ObjectName] = Field(
         min_length=1, max_length=64, description="SLOClass names this pool serves"
     )
-    default: str | None = Field(
-        None, max_length=253, description="class of requests without one; must be among allowed"
+    default: ObjectName | None = Field(
+        None, description="class of requests without one; must be among allowed"
     )
 
     @model_validator(mode="after")
@@ -148,18 +198,16 @@ class SLOClassesSpec(_Model):
 
 class RouterSpec(_Model):
     replicas: int = Field(1, ge=0, le=100, description="router pods")
-    image: str | None = Field(
-        None, max_length=512, description="router image; the operator's default if unset"
-    )
+    image: Image | None = Field(None, description="router image; the operator's default if unset")
     port: int = Field(8080, ge=1024, le=65535, description="port of the router Service (the OpenAI endpoint)")
-    authSecret: str | None = Field(
-        None, max_length=253, description="Secret of API keys (see the router docs); none: no auth"
+    authSecret: ObjectName | None = Field(
+        None, description="Secret of API keys (see the router docs); none: no auth"
     )
 
 
 class NetworkPolicySpec(_Model):
     enabled: bool = Field(True, description="engines accept traffic only from this pool's router pods")
-    metricsNamespaces: list[str] = Field(
+    metricsNamespaces: list[NamespaceName] = Field(
         default_factory=list, max_length=16, description="namespaces also allowed to reach the engines"
     )
 
@@ -171,7 +219,11 @@ class ServingPoolSpec(_Model):
     replicas: int = Field(1, ge=0, le=1000, description="engine pods")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="engine backend, image, vLLM args")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="per engine pod")
-    nodeSelector: dict[str, str] = Field(default_factory=dict, description="engine pods' node selector")
+    # Keys are checked here only: a CEL rule over map keys has no bound on their length, so its
+    # estimated cost would exceed what the API server allows a CRD rule (docs/decisions/operator.md).
+    nodeSelector: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=64, description="engine pods' node selector (label keys and values)"
+    )
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=32, description="engine pods' tolerations"
     )
@@ -183,6 +235,22 @@ class ServingPoolSpec(_Model):
     networkPolicy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="engine isolation"
     )
+    progressDeadlineSeconds: int = Field(
+        DEFAULT_PROGRESS_DEADLINE,
+        ge=60,
+        le=86_400,
+        description="a rollout that has not finished after this long reports Progressing=False, "
+        "reason ProgressDeadlineExceeded (set on both Deployments; longer than the engines' 30-minute "
+        "startup allowance by default)",
+    )
+
+    @field_validator("nodeSelector")
+    @classmethod
+    def _check_node_selector(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if len(key) > v.QUALIFIED_NAME_MAX_LENGTH or not re.fullmatch(v.QUALIFIED_NAME, key):
+                raise ValueError(f"nodeSelector key {key!r} is not a valid label key")
+        return value
 
     @model_validator(mode="after")
     def _check_backend(self) -> ServingPoolSpec:
@@ -217,8 +285,9 @@ class ClassStatus(_Model):
 
 class ServingPoolStatus(_Model):
     observedGeneration: int | None = None
-    replicas: int | None = None
-    readyReplicas: int | None = None
+    replicas: int | None = Field(None, description="engine pods that exist (the engine Deployment's status)")
+    updatedReplicas: int | None = Field(None, description="engine pods running the current spec")
+    readyReplicas: int | None = Field(None, description="engine pods ready")
     routerReadyReplicas: int | None = None
     endpoint: str | None = Field(None, description="in-cluster OpenAI base URL")
     defaultClass: str | None = None

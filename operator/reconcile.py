@@ -6,7 +6,9 @@ No API calls and no clock here (`now` is an argument), so every branch is unit-t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import datetime
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +16,9 @@ from pydantic import ValidationError
 
 from jitserve.operator import api
 from jitserve.operator.children import Images, Pool
+from jitserve.operator.events import NORMAL, WARNING, Event
 from jitserve.operator.models import ServingPoolSpec
+from jitserve.operator.validation import DNS1035_LABEL
 from jitserve.scheduler.slo import SLOClassSpec
 
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
@@ -26,6 +30,21 @@ class Problem:
 
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A write the API server refused (or an object in the way); becomes the Degraded condition.
+
+    `reason` is the API's Status reason (Forbidden, Invalid, NotFound, ...) or ApplyFailed (a child's
+    name taken by an object the pool does not own); `transient` failures are retried soon."""
+
+    reason: str
+    message: str
+    transient: bool = False
+
+
+PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
 
 
 @dataclass(frozen=True)
@@ -58,6 +77,10 @@ def plan_pool(
     images: Images,
 ) -> Plan:
     """Decide what to deploy. `class_specs` maps each referenced class to its SLOClass spec or None."""
+    if len(name) > api.MAX_POOL_NAME or not re.fullmatch(DNS1035_LABEL, name):
+        # The CRD refuses such names; an object stored before that rule existed still gets here.
+        return Plan(None, Problem("InvalidSpec", f"the name {name!r} is not a DNS-1035 label of at most "
+                                  f"{api.MAX_POOL_NAME} characters"))  # fmt: skip
     try:
         spec = ServingPoolSpec.model_validate(dict(raw_spec))
     except ValidationError as exc:
@@ -93,16 +116,37 @@ class Observed:
     router: Mapping[str, Any] | None = None
 
 
-def _deployment_counts(dep: Mapping[str, Any] | None) -> tuple[int, int, bool]:
-    """(ready, updated, rolled_out) of a Deployment: rolled out when its controller saw the latest spec."""
+@dataclass(frozen=True)
+class Counts:
+    """A Deployment's replicas as its controller reports them; `seen`: it has seen the latest spec."""
+
+    replicas: int = 0
+    updated: int = 0
+    ready: int = 0
+    seen: bool = False
+    exceeded: str | None = None  # the message of its ProgressDeadlineExceeded condition, if any
+    reports_progress: bool = False  # it has a Progressing condition (a Deployment controller runs)
+
+
+def _deployment_counts(dep: Mapping[str, Any] | None) -> Counts:
     if dep is None:
-        return 0, 0, False
+        return Counts()
     status = dep.get("status") or {}
-    ready = int(status.get("readyReplicas") or 0)
-    updated = int(status.get("updatedReplicas") or 0)
     generation = (dep.get("metadata") or {}).get("generation")
-    seen = status.get("observedGeneration")
-    return ready, updated, generation is None or seen == generation
+    exceeded, reports = None, False
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Progressing":
+            reports = True
+            if cond.get("status") == "False" and cond.get("reason") == PROGRESS_DEADLINE_EXCEEDED:
+                exceeded = cond.get("message") or PROGRESS_DEADLINE_EXCEEDED
+    return Counts(
+        replicas=int(status.get("replicas") or 0),
+        updated=int(status.get("updatedReplicas") or 0),
+        ready=int(status.get("readyReplicas") or 0),
+        seen=generation is None or status.get("observedGeneration") == generation,
+        exceeded=exceeded,
+        reports_progress=reports,
+    )
 
 
 @dataclass
@@ -118,7 +162,61 @@ class Conditions:
         }
 
 
-def _conditions(plan: Plan, observed: Observed, apply_error: str | None) -> Conditions:
+def _seconds_between(start: str | None, end: str) -> float | None:
+    fmt = "%Y-%m-%dT%H:%M:%SZ"
+    try:
+        a = datetime.datetime.strptime(start or "", fmt)
+        b = datetime.datetime.strptime(end, fmt)
+    except ValueError:
+        return None
+    return (b - a).total_seconds()
+
+
+def _failure_summary(failures: Sequence[Failure]) -> tuple[str, str]:
+    """(reason, message) of the Degraded condition: the first failure's reason, every message."""
+    message = "; ".join(f.message for f in failures)
+    return failures[0].reason, message if len(message) <= 1000 else message[:997] + "..."
+
+
+def _progress(
+    plan: Plan,
+    engine: Counts,
+    router: Counts,
+    counts: str,
+    previous: Mapping[str, Any],
+    generation: int | None,
+    now: str,
+) -> tuple[bool, str, str]:
+    """(status, reason, message) of Progressing for a rollout that is not complete.
+
+    Exceeded when a Deployment says so (its controller counts from its last progress), or, for a
+    Deployment without a controller reporting (none observed it yet, or it could not be created),
+    when the rollout has lasted progressDeadlineSeconds by our own clock. Once exceeded it stays so
+    until the pool's spec changes (a new generation is a new attempt) or the rollout completes."""
+    assert plan.pool is not None
+    for name, c in ((api.engine_name(plan.pool.name), engine), (api.router_name(plan.pool.name), router)):
+        if c.exceeded:
+            return False, PROGRESS_DEADLINE_EXCEEDED, f"Deployment {name}: {c.exceeded} ({counts})"
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == PROGRESSING), None)
+    if old is not None and previous.get("observedGeneration") == generation:
+        if old.get("reason") == PROGRESS_DEADLINE_EXCEEDED:
+            return False, PROGRESS_DEADLINE_EXCEEDED, old.get("message") or counts
+        deadline = plan.pool.spec.progressDeadlineSeconds
+        elapsed = _seconds_between(old.get("lastTransitionTime"), now)
+        unreported = not (engine.reports_progress and router.reports_progress)
+        if old.get("status") == "True" and unreported and elapsed is not None and elapsed > deadline:
+            return False, PROGRESS_DEADLINE_EXCEEDED, f"rollout not complete after {deadline} s: {counts}"
+    return True, "RollingOut", counts
+
+
+def _conditions(
+    plan: Plan,
+    observed: Observed,
+    failures: Sequence[Failure],
+    previous: Mapping[str, Any],
+    generation: int | None,
+    now: str,
+) -> Conditions:
     cond = Conditions()
     if plan.pool is None:
         assert plan.problem is not None
@@ -128,32 +226,35 @@ def _conditions(plan: Plan, observed: Observed, apply_error: str | None) -> Cond
         cond.set(DEGRADED, True, plan.problem.reason, plan.problem.message)
         return cond
     spec = plan.pool.spec
-    if apply_error is not None:
-        cond.set(DEGRADED, True, "ApplyFailed", apply_error)
-    else:
-        cond.set(DEGRADED, False, "AsExpected", "all children match the spec")
-    e_ready, e_updated, e_seen = _deployment_counts(observed.engine)
-    r_ready, r_updated, r_seen = _deployment_counts(observed.router)
+    engine, router = _deployment_counts(observed.engine), _deployment_counts(observed.router)
     want_e, want_r = spec.replicas, spec.router.replicas
-    counts = f"engines {e_ready}/{want_e} ready, routers {r_ready}/{want_r} ready"
-    rolled_out = e_seen and r_seen and e_updated >= want_e and r_updated >= want_r
-    if rolled_out and e_ready >= want_e and r_ready >= want_r:
+    counts = f"engines {engine.ready}/{want_e} ready, routers {router.ready}/{want_r} ready"
+    rolled_out = engine.seen and router.seen and engine.updated >= want_e and router.updated >= want_r
+    if rolled_out and engine.ready >= want_e and router.ready >= want_r:
         cond.set(PROGRESSING, False, "RolloutComplete", counts)
     else:
-        cond.set(PROGRESSING, True, "RollingOut", counts)
+        cond.set(PROGRESSING, *_progress(plan, engine, router, counts, previous, generation, now))
+    failure = _failure_summary(failures) if failures else None
+    if failure is not None:
+        cond.set(DEGRADED, True, *failure)
+    elif cond.items[PROGRESSING]["reason"] == PROGRESS_DEADLINE_EXCEEDED:
+        cond.set(DEGRADED, True, PROGRESS_DEADLINE_EXCEEDED, cond.items[PROGRESSING]["message"])
+    else:
+        cond.set(DEGRADED, False, "AsExpected", "all children match the spec")
     if want_e == 0:
         cond.set(READY, False, "ScaledToZero", "replicas is 0: no engine serves this pool")
     elif want_r == 0:
         cond.set(READY, False, "NoRouter", "router.replicas is 0: the endpoint has no backend")
-    elif e_ready >= 1 and r_ready >= 1 and apply_error is None:
+    elif engine.ready >= 1 and router.ready >= 1 and failure is None:
         # Serving as soon as one engine and one router are up; Progressing tells whether all are.
         cond.set(READY, True, "Ready", counts)
-    elif e_ready < 1:
+    elif engine.ready < 1:
         cond.set(READY, False, "EnginesNotReady", counts)
-    elif r_ready < 1:
+    elif router.ready < 1:
         cond.set(READY, False, "RouterNotReady", counts)
     else:
-        cond.set(READY, False, "ApplyFailed", apply_error or counts)
+        assert failure is not None
+        cond.set(READY, False, failure[0], failure[1])
     return cond
 
 
@@ -180,23 +281,25 @@ def pool_status(
     generation: int | None,
     previous: Mapping[str, Any] | None,
     now: str,
-    apply_error: str | None = None,
+    failures: Sequence[Failure] = (),
 ) -> dict[str, Any]:
     """The whole status of a pool (router-reported fields are carried over from `previous`)."""
     previous = previous or {}
-    cond = _conditions(plan, observed, apply_error)
+    cond = _conditions(plan, observed, failures, previous, generation, now)
     status: dict[str, Any] = {
         "observedGeneration": generation,
         "conditions": merge_conditions(cond, previous.get("conditions") or [], generation, now),
     }
     pool = plan.pool
     if pool is not None:
-        e_ready, _, _ = _deployment_counts(observed.engine)
-        r_ready, _, _ = _deployment_counts(observed.router)
+        engine, router = _deployment_counts(observed.engine), _deployment_counts(observed.router)
         status.update(
-            replicas=pool.spec.replicas,
-            readyReplicas=e_ready,
-            routerReadyReplicas=r_ready,
+            # What exists, as the engine Deployment's controller reports it (the scale subresource's
+            # status replicas, as for a Deployment), not what the spec asks for.
+            replicas=engine.replicas,
+            updatedReplicas=engine.updated,
+            readyReplicas=engine.ready,
+            routerReadyReplicas=router.ready,
             endpoint=pool.endpoint,
             defaultClass=pool.default_class,
             selector=api.selector_string(api.selector_labels(pool.name, "engine")),
@@ -207,6 +310,7 @@ def pool_status(
     if pool is None:  # keep what a previous good plan reported, so the pool's state stays visible
         for key in (
             "replicas",
+            "updatedReplicas",
             "readyReplicas",
             "routerReadyReplicas",
             "endpoint",
@@ -216,6 +320,48 @@ def pool_status(
             if key in previous:
                 status[key] = previous[key]
     return status
+
+
+# Ready=False reasons that are what the user asked for, not a fault.
+_INTENDED = frozenset({"ScaledToZero", "NoRouter"})
+
+
+def transition_events(
+    previous: Sequence[Mapping[str, Any]] | None, current: Sequence[Mapping[str, Any]]
+) -> list[Event]:
+    """The Events of the condition changes from `previous` to `current` (each a status.conditions).
+
+    Only changes of status or reason make an Event, so a steady pool makes none. Warning: Degraded
+    turned True (or changed its reason), Ready lost, a progress deadline exceeded. Normal: recovered,
+    ready, a rollout started or completed. A new pool's initial not-ready state makes none."""
+    before = {c.get("type"): c for c in previous or []}
+    events: list[Event] = []
+    for cond in current:
+        ctype, status, reason = cond.get("type"), cond.get("status"), cond.get("reason") or ""
+        old = before.get(ctype)
+        if old is not None and (old.get("status"), old.get("reason")) == (status, reason):
+            continue
+        message = cond.get("message") or ""
+        was_true = old is not None and old.get("status") == "True"
+        if ctype == DEGRADED:
+            if status == "True":
+                events.append(Event(WARNING, reason, message))
+            elif was_true:
+                events.append(Event(NORMAL, "Recovered", f"no longer degraded: {message}"))
+        elif ctype == READY:
+            if status == "True":
+                events.append(Event(NORMAL, "Ready", message))
+            elif was_true or reason in _INTENDED:
+                events.append(Event(NORMAL if reason in _INTENDED else WARNING, reason, message))
+        elif ctype == PROGRESSING:
+            if status == "True":
+                events.append(Event(NORMAL, reason, message))
+            elif reason == PROGRESS_DEADLINE_EXCEEDED:
+                events.append(Event(WARNING, reason, message))
+            elif reason == "RolloutComplete" and was_true:
+                events.append(Event(NORMAL, reason, message))
+    # Ready lost for the reason Degraded gives is one event, not two.
+    return list(dict.fromkeys(events))
 
 
 def parse_router_report(payload: Any) -> list[dict[str, Any]]:

@@ -13,8 +13,17 @@ from typing import Any
 
 from jitserve.operator import api
 from jitserve.operator.children import Images, desired_children, unwanted_children
-from jitserve.operator.kube import ApiError, ChildConflictError, Kube, apply, owned_by
-from jitserve.operator.reconcile import Observed, Plan, parse_router_report, plan_pool, pool_status
+from jitserve.operator.events import NORMAL, WARNING, Event, EventRecorder
+from jitserve.operator.kube import ApiError, ChildConflictError, Kube, apply_child, owned_by
+from jitserve.operator.reconcile import (
+    Failure,
+    Observed,
+    Plan,
+    parse_router_report,
+    plan_pool,
+    pool_status,
+    transition_events,
+)
 
 log = logging.getLogger("jitserve.operator")
 
@@ -29,9 +38,16 @@ def utcnow() -> str:
 @dataclass
 class Result:
     plan: Plan
-    changes: dict[str, str] = field(default_factory=dict)  # "Kind/name" -> created|updated|deleted
+    # "Kind/name" -> created | updated | repaired | deleted
+    changes: dict[str, str] = field(default_factory=dict)
     status: dict[str, Any] | None = None
     status_written: bool = False
+    failures: list[Failure] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+class TransientApiError(Exception):
+    """A reconcile that recorded a failure worth retrying soon (kopf retries its handler with a backoff)."""
 
 
 class Reconciler:
@@ -44,8 +60,10 @@ class Reconciler:
         clock: Callable[[], str] = utcnow,
         on_result: Callable[[str, str, bool, Result], None] | None = None,
         class_lookup: Callable[[str], dict[str, Any] | None] | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         self.kube = kube
+        self.events = events or EventRecorder(kube, clock)
         self.images = images or Images()
         self.router_status_url = router_status_url
         self.http_get = http_get or _http_get_json
@@ -73,6 +91,9 @@ class Reconciler:
             result = self._reconcile(pool_obj, read_router)
         if self.on_result is not None:
             self.on_result(namespace, name, read_router, result)
+        transient = [f for f in result.failures if f.transient]
+        if transient:
+            raise TransientApiError("; ".join(f.message for f in transient))
         return result
 
     def _reconcile(self, pool_obj: dict[str, Any], read_router: bool) -> Result:
@@ -85,23 +106,9 @@ class Reconciler:
             class_specs[cname] = self.class_lookup(cname)
         plan = plan_pool(name, namespace, uid, spec, class_specs, self.images)
         result = Result(plan)
-        apply_error = None
         applied: dict[tuple[str, str], dict[str, Any]] = {}  # what the API server answered, per child
         if plan.pool is not None:
-            try:
-                likely_new = "observedGeneration" not in (pool_obj.get("status") or {})
-                for child in desired_children(plan.pool):
-                    outcome, live = apply(self.kube, child, uid, likely_new)
-                    applied[(child["kind"], child["metadata"]["name"])] = live
-                    if outcome != "unchanged":
-                        result.changes[f"{child['kind']}/{child['metadata']['name']}"] = outcome
-                for api_version, kind, cname in unwanted_children(plan.pool):
-                    live = self.kube.get(api_version, kind, namespace, cname)
-                    if live is not None and owned_by(live, uid):
-                        self.kube.delete(api_version, kind, namespace, cname)
-                        result.changes[f"{kind}/{cname}"] = "deleted"
-            except ChildConflictError as exc:
-                apply_error = str(exc)
+            self._apply_children(plan, uid, pool_obj, result, applied)
         observed = Observed(
             engine=self._deployment(applied, namespace, api.engine_name(name)),
             router=self._deployment(applied, namespace, api.router_name(name)),
@@ -113,18 +120,69 @@ class Reconciler:
             # Write only when the numbers moved: a steady router costs no API writes at all.
             if report and report["classes"] != previous.get("classes"):
                 base.update(report)
-        status = pool_status(plan, observed, md.get("generation"), base, self.clock(), apply_error)
+        status = pool_status(plan, observed, md.get("generation"), base, self.clock(), result.failures)
         result.status = status
-        if _strip_unowned(previous) != status:
-            self._patch_status(
-                api.API_VERSION, api.SERVINGPOOL_KIND, namespace, name, _with_nulls(previous, status)
+        result.events += _change_events(result.changes)
+        result.events += transition_events(previous.get("conditions"), status["conditions"])
+        try:
+            if _strip_unowned(previous) != status:
+                self._patch_status(
+                    api.API_VERSION, api.SERVINGPOOL_KIND, namespace, name, _with_nulls(previous, status)
+                )
+                result.status_written = True
+        except ApiError as exc:
+            # Nowhere to put a condition: the Event is the only trace left besides the log.
+            result.events.append(
+                Event(WARNING, exc.reason, f"writing the pool's status failed: {exc.message}")
             )
-            result.status_written = True
+            raise
+        finally:
+            for event in result.events:
+                self.events.record(pool_obj, event)
         if result.changes:
             log.info(
                 "pool %s/%s: %s", namespace, name, ", ".join(f"{k} {v}" for k, v in result.changes.items())
             )
         return result
+
+    def _apply_children(
+        self,
+        plan: Plan,
+        uid: str,
+        pool_obj: dict[str, Any],
+        result: Result,
+        applied: dict[tuple[str, str], dict[str, Any]],
+    ) -> None:
+        """Apply every child; a refused one is recorded as a failure and the others still go ahead
+        (a Forbidden Role must not keep the engines from being deployed)."""
+        assert plan.pool is not None
+        namespace = plan.pool.namespace
+        likely_new = "observedGeneration" not in (pool_obj.get("status") or {})
+        for child in desired_children(plan.pool):
+            kind, cname = child["kind"], child["metadata"]["name"]
+            try:
+                done = apply_child(self.kube, child, uid, likely_new)
+            except ChildConflictError as exc:
+                result.failures.append(Failure("ApplyFailed", str(exc)))
+                continue
+            except ApiError as exc:
+                result.failures.append(_failure(f"applying {kind} {cname}", exc))
+                continue
+            applied[(kind, cname)] = done.live
+            if done.outcome != "unchanged":
+                result.changes[f"{kind}/{cname}"] = done.outcome
+            if done.drifted:
+                result.events.append(
+                    Event(WARNING, "DriftRepaired", f"{kind} {cname}: restored {', '.join(done.drifted)}")
+                )
+        for api_version, kind, cname in unwanted_children(plan.pool):
+            try:
+                live = self.kube.get(api_version, kind, namespace, cname)
+                if live is not None and owned_by(live, uid):
+                    self.kube.delete(api_version, kind, namespace, cname)
+                    result.changes[f"{kind}/{cname}"] = "deleted"
+            except ApiError as exc:
+                result.failures.append(_failure(f"deleting {kind} {cname}", exc))
 
     def _deployment(self, applied: dict[tuple[str, str], dict[str, Any]], namespace: str, name: str) -> Any:
         """A child Deployment as just written or read by apply, else read now (blocked pools)."""
@@ -180,12 +238,31 @@ class Reconciler:
         return written
 
 
+def _failure(action: str, exc: ApiError) -> Failure:
+    return Failure(exc.reason, f"{action}: {exc.reason}: {exc.message}", exc.transient)
+
+
+def _change_events(changes: dict[str, str]) -> list[Event]:
+    """One Normal Event per kind of change in this reconcile (created, updated, deleted children);
+    drift repairs have their own Warning, with the fields."""
+    by_outcome: dict[str, list[str]] = defaultdict(list)
+    for child, outcome in changes.items():
+        by_outcome[outcome].append(child)
+    reasons = {"created": "Created", "updated": "Updated", "deleted": "Deleted"}
+    return [
+        Event(NORMAL, reasons[outcome], f"{outcome} {', '.join(children)}")
+        for outcome, children in by_outcome.items()
+        if outcome in reasons
+    ]
+
+
 def _strip_unowned(status: dict[str, Any]) -> dict[str, Any]:
     """The part of a live status this operator writes (ignore anything another writer added)."""
     keys = {
         "observedGeneration",
         "conditions",
         "replicas",
+        "updatedReplicas",
         "readyReplicas",
         "routerReadyReplicas",
         "endpoint",
@@ -212,4 +289,4 @@ def _http_get_json(url: str) -> Any:
     return resp.json()
 
 
-__all__ = ["ApiError", "Reconciler", "Result"]
+__all__ = ["ApiError", "Reconciler", "Result", "TransientApiError"]

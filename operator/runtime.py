@@ -12,6 +12,7 @@ class Config:
     reconciler: Reconciler | None = None
     resync_seconds: float = 30.0
     workers: int = 16
+    retry_seconds: float = 10.0  # kopf's retry of a pool whose reconcile hit a transient API failure
 
 
 CONFIG = Config()

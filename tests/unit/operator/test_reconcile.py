@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from jitserve.operator.children import Images
+from jitserve.operator.events import NORMAL, WARNING, Event
 from jitserve.operator.models import ServingPoolSpec
 from jitserve.operator.reconcile import (
+    Failure,
     Observed,
     choose_default_class,
     parse_router_report,
     plan_pool,
     pool_status,
+    transition_events,
 )
 from jitserve.scheduler.slo import PAPER_CLASSES
 
@@ -29,12 +32,23 @@ def plan(spec: dict[str, Any] = SPEC, classes: dict[str, Any] | None = None):  #
     return plan_pool("p", "ns", "uid", spec, {c: classes.get(c) for c in allowed}, Images())
 
 
-def deployment(replicas: int, ready: int, generation: int = 1, observed: int = 1) -> dict[str, Any]:
-    return {
-        "metadata": {"generation": generation},
-        "spec": {"replicas": replicas},
-        "status": {"readyReplicas": ready, "updatedReplicas": replicas, "observedGeneration": observed},
+def deployment(
+    replicas: int,
+    ready: int,
+    generation: int = 1,
+    observed: int = 1,
+    pods: int | None = None,
+    conditions: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "replicas": replicas if pods is None else pods,
+        "readyReplicas": ready,
+        "updatedReplicas": replicas,
+        "observedGeneration": observed,
     }
+    if conditions is not None:
+        status["conditions"] = conditions
+    return {"metadata": {"generation": generation}, "spec": {"replicas": replicas}, "status": status}
 
 
 def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -99,7 +113,7 @@ def test_ready_progressing_degraded_follow_the_deployments() -> None:
     no_router = pool_status(p, Observed(deployment(2, 2), deployment(1, 0)), 1, None, "T0")
     assert conditions(no_router)["Ready"] == ("False", "RouterNotReady")
     conflict = pool_status(
-        p, Observed(deployment(2, 2), deployment(1, 1)), 1, None, "T0", apply_error="taken"
+        p, Observed(deployment(2, 2), deployment(1, 1)), 1, None, "T0", [Failure("ApplyFailed", "taken")]
     )
     assert conditions(conflict)["Degraded"] == ("True", "ApplyFailed")
     assert conditions(conflict)["Ready"][0] == "False"
@@ -148,3 +162,113 @@ def test_router_report_shapes() -> None:
     )
     assert parse_router_report("garbage") == [] and parse_router_report({"classes": {"a": 3}}) == []
     assert parse_router_report({"a": {"goodput": "fast", "attainment": True}}) == [{"name": "a"}]
+
+
+T0, LATER = "2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z"  # an hour apart (the deadline is 40 min)
+EXCEEDED = {
+    "type": "Progressing",
+    "status": "False",
+    "reason": "ProgressDeadlineExceeded",
+    "message": 'ReplicaSet "p-engine-5f" has timed out progressing.',
+}
+
+
+def test_api_failures_become_degraded_with_the_api_reason_and_message() -> None:
+    p = plan()
+    forbidden = Failure(
+        "Forbidden", 'applying Role p-router: Forbidden: roles is forbidden: cannot create "roles"'
+    )
+    invalid = Failure("Invalid", "applying Deployment p-engine: Invalid: spec.template...cpu: Invalid value")
+    status = pool_status(p, Observed(deployment(2, 2), deployment(1, 1)), 1, None, T0, [forbidden, invalid])
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "Forbidden")
+    assert "cannot create" in degraded["message"] and "Invalid value" in degraded["message"]
+    assert conditions(status)["Ready"] == ("False", "Forbidden")  # children do not match the spec
+    # Not ready anyway: the engines' state comes first.
+    waiting = pool_status(p, Observed(), 1, None, T0, [forbidden])
+    assert conditions(waiting)["Ready"] == ("False", "EnginesNotReady")
+    assert conditions(waiting)["Degraded"] == ("True", "Forbidden")
+
+
+def test_status_replicas_are_the_observed_pods_not_the_spec() -> None:
+    p = plan()  # spec.replicas = 2
+    surging = pool_status(p, Observed(deployment(2, 1, pods=3), deployment(1, 1)), 1, None, T0)
+    assert (surging["replicas"], surging["updatedReplicas"], surging["readyReplicas"]) == (3, 2, 1)
+    missing = pool_status(p, Observed(None, None), 1, None, T0)
+    assert missing["replicas"] == 0 and missing["readyReplicas"] == 0
+
+
+def test_a_deployment_reporting_its_progress_deadline_stops_rolling_out() -> None:
+    p = plan()
+    stuck = Observed(deployment(2, 1, conditions=[EXCEEDED]), deployment(1, 1))
+    status = pool_status(p, stuck, 1, None, T0)
+    assert conditions(status)["Progressing"] == ("False", "ProgressDeadlineExceeded")
+    assert conditions(status)["Degraded"] == ("True", "ProgressDeadlineExceeded")
+    assert conditions(status)["Ready"] == ("True", "Ready")  # still serving with one engine
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert "p-engine" in progressing["message"] and "timed out" in progressing["message"]
+    # It stays exceeded while the spec is the same, even if the Deployment's condition goes ...
+    again = pool_status(p, Observed(deployment(2, 1), deployment(1, 1)), 1, status, LATER)
+    assert conditions(again)["Progressing"] == ("False", "ProgressDeadlineExceeded")
+    # ... and a new spec (generation) is a new attempt, as is a finished rollout.
+    retried = pool_status(p, Observed(deployment(2, 1), deployment(1, 1)), 2, status, LATER)
+    assert conditions(retried)["Progressing"] == ("True", "RollingOut")
+    assert conditions(retried)["Degraded"] == ("False", "AsExpected")
+    done = pool_status(p, Observed(deployment(2, 2), deployment(1, 1)), 1, status, LATER)
+    assert conditions(done)["Progressing"] == ("False", "RolloutComplete")
+
+
+def test_without_a_controller_reporting_the_operator_times_the_rollout() -> None:
+    p = plan()  # progressDeadlineSeconds: 2400
+    first = pool_status(p, Observed(deployment(2, 0), deployment(1, 0)), 1, None, T0)
+    assert conditions(first)["Progressing"] == ("True", "RollingOut")
+    soon = pool_status(p, Observed(deployment(2, 0), deployment(1, 0)), 1, first, "2026-01-01T00:39:00Z")
+    assert conditions(soon)["Progressing"] == ("True", "RollingOut")
+    late = pool_status(p, Observed(deployment(2, 0), deployment(1, 0)), 1, first, LATER)
+    assert conditions(late)["Progressing"] == ("False", "ProgressDeadlineExceeded")
+    assert "2400 s" in next(c["message"] for c in late["conditions"] if c["type"] == "Progressing")
+    # A Deployment controller that reports progress is trusted instead (it counts from its last progress).
+    moving = {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}
+    reported = Observed(deployment(2, 0, conditions=[moving]), deployment(1, 0, conditions=[moving]))
+    assert conditions(pool_status(p, reported, 1, first, LATER))["Progressing"] == ("True", "RollingOut")
+    # A shorter deadline in the spec is honoured.
+    quick = plan({**SPEC, "progressDeadlineSeconds": 60})
+    short = pool_status(quick, Observed(), 1, first, "2026-01-01T00:01:01Z")
+    assert conditions(short)["Progressing"] == ("False", "ProgressDeadlineExceeded")
+
+
+def test_events_follow_condition_transitions_only() -> None:
+    p = plan()
+    created = pool_status(p, Observed(), 1, None, T0)
+    assert transition_events(None, created["conditions"]) == [
+        Event(NORMAL, "RollingOut", "engines 0/2 ready, routers 0/1 ready")
+    ]
+    assert transition_events(created["conditions"], created["conditions"]) == []  # steady: nothing
+    ready = pool_status(p, Observed(deployment(2, 2), deployment(1, 1)), 1, created, T0)
+    assert {(e.type, e.reason) for e in transition_events(created["conditions"], ready["conditions"])} == {
+        (NORMAL, "Ready"),
+        (NORMAL, "RolloutComplete"),
+    }
+    failing = pool_status(
+        p, Observed(deployment(2, 2), deployment(1, 1)), 1, ready, T0, [Failure("Forbidden", "no Role")]
+    )
+    events = transition_events(ready["conditions"], failing["conditions"])
+    assert events == [Event(WARNING, "Forbidden", "no Role")]  # Degraded and Ready lost: one event
+    healed = pool_status(p, Observed(deployment(2, 2), deployment(1, 1)), 1, failing, T0)
+    reasons = {(e.type, e.reason) for e in transition_events(failing["conditions"], healed["conditions"])}
+    assert reasons == {(NORMAL, "Recovered"), (NORMAL, "Ready")}
+    engines_lost = pool_status(p, Observed(deployment(2, 0), deployment(1, 1)), 1, healed, T0)
+    reasons = {
+        (e.type, e.reason) for e in transition_events(healed["conditions"], engines_lost["conditions"])
+    }
+    assert reasons == {(WARNING, "EnginesNotReady"), (NORMAL, "RollingOut")}
+    stuck = pool_status(p, Observed(deployment(2, 0, conditions=[EXCEEDED]), deployment(1, 1)), 1, None, T0)
+    reasons = {(e.type, e.reason) for e in transition_events(created["conditions"], stuck["conditions"])}
+    assert reasons == {(WARNING, "ProgressDeadlineExceeded")}
+
+
+def test_names_the_crd_would_refuse_are_refused_by_the_plan_too() -> None:
+    bad = plan_pool("My.Pool", "ns", "uid", SPEC, {c: CLASSES[c] for c in ("latency", "deadline")}, Images())
+    assert bad.pool is None and bad.problem is not None and bad.problem.reason == "InvalidSpec"
+    bad_key = plan({**SPEC, "nodeSelector": {"bad key": "x"}})
+    assert bad_key.problem is not None and "nodeSelector" in bad_key.problem.message

@@ -120,6 +120,13 @@ def test_every_cel_rule_can_fail_with_its_message() -> None:
         (POOL_SCHEMA, {"model": {"servedName": "m"}, "sloClasses": {"allowed": ["a"]}}, "needs model.name"),
         (
             POOL_SCHEMA,
+            {**BASE, "tolerations": [{"key": "g", "operator": "Exists", "value": "v"}]},
+            "no value",
+        ),
+        (POOL_SCHEMA, {**BASE, "tolerations": [{"value": "v"}]}, "without a key needs operator Exists"),
+        (POOL_SCHEMA, {**BASE, "tolerations": [{"key": "g", "tolerationSeconds": 1}]}, "effect NoExecute"),
+        (
+            POOL_SCHEMA,
             {"model": {"servedName": "m", "source": "uri"}, "sloClasses": {"allowed": ["a"]}},
             "needs model.uri",
         ),
@@ -148,3 +155,120 @@ def test_defaults_are_applied_and_unknown_fields_pruned() -> None:
     assert outcome.unknown == ["spec.bogus"]
     assert outcome.obj["spec"]["waitingTimeSeconds"] == 5.0 and outcome.obj["spec"]["overload"] == "reject"
     assert "bogus" not in outcome.obj["spec"]
+
+
+# ---- Kubernetes value grammars (quantities, label values, names): CRD and model agree --------------
+
+QUANTITIES = ["4", "500m", "16Gi", "48Gi", "1e9", "0.5", ".5", "+1", 8, 0, "banana", "48 GB", "-1", -2,
+              "1.5.2", "16gi", "", "1Ki ", "12E", "3e-3"]  # fmt: skip
+LABEL_VALUES = ["true", "a.b_c-d", "", "-x", "x-", "has space", "a" * 63, "a" * 64, "ünï"]
+OBJECT_NAMES = ["hf-token", "a.b", "Upper", "-x", "x_y", "a" * 253, "a" * 254, "tok.en-1"]
+NAMESPACES = ["monitoring", "a.b", "Mon", "a" * 63, "a" * 64]
+BASE: dict[str, Any] = {"model": {"servedName": "m", "name": "org/m"}, "sloClasses": {"allowed": ["a"]}}
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in BASE.items()}
+    node = spec
+    parts = path.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return spec
+
+
+@st.composite
+def grammar_specs(draw: st.DrawFn) -> dict[str, Any]:
+    path, values = draw(
+        st.sampled_from(
+            [
+                ("resources.cpu", QUANTITIES),
+                ("resources.memory", QUANTITIES),
+                ("nodeSelector", [{"nvidia.com/gpu.present": v} for v in LABEL_VALUES]),
+                ("model.hfTokenSecret", OBJECT_NAMES),
+                ("router.authSecret", OBJECT_NAMES),
+                ("networkPolicy.metricsNamespaces", [[n] for n in NAMESPACES]),
+                ("sloClasses.allowed", [[n] for n in OBJECT_NAMES]),
+                ("engine.image", ["reg.io/x:1", "x y", " x", "x"]),
+                (
+                    "tolerations",
+                    [
+                        [t]
+                        for t in (
+                            {"key": "gpu", "operator": "Exists"},
+                            {"key": "gpu", "operator": "Exists", "value": "x"},
+                            {"operator": "Exists"},
+                            {"value": "x"},
+                            {"key": "gpu", "value": "bad value"},
+                            {"key": "bad key!", "value": "x"},
+                            {"key": "gpu", "effect": "NoExecute", "tolerationSeconds": 30},
+                            {"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 30},
+                        )
+                    ],
+                ),
+            ]
+        )
+    )
+    return _with(path, draw(st.sampled_from(values)))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(grammar_specs())
+def test_value_grammars_agree(spec: dict[str, Any]) -> None:
+    crd_ok, errors = _crd_accepts(POOL_SCHEMA, spec)
+    assert crd_ok == _model_accepts(ServingPoolSpec, spec), (spec, errors)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("resources.cpu", "banana"),
+        ("resources.memory", "48 GB"),
+        ("resources.memory", -1),
+        ("nodeSelector", {"disk": "fast ssd"}),
+        ("model.hfTokenSecret", "HF_Token"),
+        ("router.authSecret", "keys/prod"),
+        ("networkPolicy.metricsNamespaces", ["Monitoring"]),
+    ],
+)
+def test_what_the_api_server_would_refuse_in_a_child_is_refused_by_both(path: str, value: Any) -> None:
+    """The issue's examples: each used to pass both checks and go Ready on the emulated cluster."""
+    spec = _with(path, value)
+    ok, errors = _crd_accepts(POOL_SCHEMA, spec)
+    assert not ok and any(path.split(".")[-1] in where for where, _ in errors), errors
+    assert not _model_accepts(ServingPoolSpec, spec)
+
+
+def test_node_selector_keys_are_checked_by_the_model() -> None:
+    """Map keys have no CRD check (see models.py); the operator refuses them (InvalidSpec)."""
+    assert _model_accepts(ServingPoolSpec, _with("nodeSelector", {"nvidia.com/gpu.present": "true"}))
+    assert not _model_accepts(ServingPoolSpec, _with("nodeSelector", {"bad key": "true"}))
+    assert not _model_accepts(ServingPoolSpec, _with("nodeSelector", {"a/b/c": "true"}))
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [("llama", True), ("llama-2", True), ("2llama", False), ("my.pool", False), ("Big", False)],
+)
+def test_pool_name_must_be_a_dns1035_label(name: str, ok: bool) -> None:
+    assert _crd_accepts(POOL_SCHEMA, BASE, name=name)[0] is ok
+
+
+def test_cel_rules_carry_reason_and_field_path() -> None:
+    """kubectl shows `spec.<field>: Required value: ...` rather than `spec: Invalid value: "object"`."""
+    ok, errors = _crd_accepts(SLO_SCHEMA, {"type": "latency"})
+    assert not ok and ("spec.ttftSeconds", "Required value: a latency class needs ttftSeconds") in errors
+    ok, errors = _crd_accepts(
+        POOL_SCHEMA, {**BASE, "engine": {"backend": "vllm-cpu"}, "resources": {"gpus": 1}}
+    )
+    assert any(w == "spec.resources.gpus" and m.startswith("Forbidden: ") for w, m in errors), errors
+    for crd in (crdgen.sloclass_crd(), crdgen.servingpool_crd()):
+        schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for path, node in [("", schema), *crdgen._rule_nodes(schema, "")]:  # noqa: SLF001
+            for rule in node.get("x-kubernetes-validations") or []:
+                assert rule["reason"] in {crdgen.REQUIRED, crdgen.FORBIDDEN, crdgen.INVALID}, rule
+                if "fieldPath" in rule:  # a field the schema has, below the rule's node
+                    target = node
+                    for part in rule["fieldPath"].lstrip(".").split("."):
+                        target = target["properties"][part]
+                    assert target, (path, rule)

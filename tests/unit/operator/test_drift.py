@@ -1,0 +1,203 @@
+"""Drift against the live object (kube.drift / apply_child) and the Event recorder.
+
+apply_child runs here against an in-memory stand-in of the API server because these tests need
+to inject what the emulated server cannot be told to do on cue: a concurrent writer's 409 between
+the read and the replace, and a failing Event write. The same code runs against the emulated API
+server in tests/e2e/test_operator.py (hand edits repaired, a Forbidden Role reported)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from jitserve.operator import api
+from jitserve.operator.children import Images, Pool, desired_children, engine_deployment, router_role
+from jitserve.operator.events import WARNING, Event, EventRecorder, event_manifest
+from jitserve.operator.kube import ApiError, apply_child, drift, owned_drift
+from jitserve.operator.models import ServingPoolSpec
+from jitserve.scheduler.slo import PAPER_CLASSES
+
+SPEC = ServingPoolSpec.model_validate(
+    {
+        "model": {"name": "org/m", "servedName": "m"},
+        "replicas": 2,
+        "resources": {"cpu": "1", "memory": "16Gi"},
+        "sloClasses": {"allowed": ["latency"]},
+    }
+)
+POOL = Pool("p", "ns", "uid-1", SPEC, {"latency": PAPER_CLASSES["latency"]}, "latency", Images())
+
+
+def served(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as a real API server returns it: defaults filled in, quantities canonical."""
+    live = copy.deepcopy(manifest)
+    live["metadata"].update(uid="u", resourceVersion="7", generation=1, creationTimestamp="T")
+    if live["kind"] == "Deployment":
+        spec = live["spec"]
+        spec.update(revisionHistoryLimit=10)
+        pod = spec["template"]["spec"]
+        pod.update(dnsPolicy="ClusterFirst", restartPolicy="Always", schedulerName="default-scheduler")
+        for c in pod["containers"]:
+            c.update(imagePullPolicy="IfNotPresent", terminationMessagePath="/dev/termination-log")
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                if probe in c:
+                    c[probe]["successThreshold"] = 1
+                    c[probe]["httpGet"]["scheme"] = "HTTP"
+            res = c.get("resources") or {}
+            for part in ("requests", "limits"):
+                if "cpu" in res.get(part, {}):
+                    res[part]["cpu"] = "1000m" if res[part]["cpu"] == "1" else res[part]["cpu"]
+        live["status"] = {"replicas": 2}
+    return live
+
+
+def test_server_defaults_and_canonical_quantities_are_not_drift() -> None:
+    for child in desired_children(POOL):
+        assert owned_drift(child, served(child)) == [], child["kind"]
+
+
+def test_hand_edits_to_owned_fields_are_drift() -> None:
+    dep = engine_deployment(POOL)
+    live = served(dep)
+    live["spec"]["replicas"] = 9
+    assert owned_drift(dep, live) == ["spec.replicas"]
+    live = served(dep)
+    live["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "2"
+    assert owned_drift(dep, live) == ["spec.template.spec.containers[0].resources.limits.cpu"]
+    live = served(dep)
+    live["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] = True
+    assert owned_drift(dep, live) == ["spec.template.spec.containers[0].securityContext"]
+    live = served(dep)
+    live["spec"]["template"]["spec"]["containers"].append({"name": "sidecar", "image": "x"})
+    assert owned_drift(dep, live) == ["spec.template.spec.containers"]
+    live = served(dep)
+    del live["metadata"]["labels"]["app.kubernetes.io/instance"]
+    assert owned_drift(dep, live) == ["metadata.labels.app.kubernetes.io/instance"]
+    live = served(dep)
+    live["metadata"]["labels"]["team"] = "x"  # someone else's label: not ours, not drift
+    live["metadata"]["annotations"] = {"deployment.kubernetes.io/revision": "3"}
+    assert owned_drift(dep, live) == []
+
+
+def test_a_widened_role_is_drift() -> None:
+    role = router_role(POOL)
+    live = served(role)
+    live["rules"][0]["verbs"].append("delete")
+    assert owned_drift(role, live) == ["rules"]
+    live = served(role)
+    live["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
+    assert owned_drift(role, live) == ["rules"]
+    live = served(role)
+    del live["rules"][2]["resourceNames"]  # every ConfigMap instead of its own
+    assert owned_drift(role, live) == ["rules"]
+
+
+def test_drift_of_plain_values() -> None:
+    assert drift({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}) == []
+    assert drift({"a": {"b": 1}}, {"a": {}}) == ["a.b"]
+    assert drift({"a": []}, {}) == []  # empty lists and maps may be omitted by the server
+    assert drift({"x": {"requests": {"memory": "1Gi"}}}, {"x": {"requests": {"memory": "1024Mi"}}}) == []
+    assert drift({"x": {"requests": {"memory": "1Gi"}}}, {"x": {"requests": {"memory": "1G"}}}) != []
+    assert drift({"name": "1Gi"}, {"name": "1024Mi"}) == ["name"]  # quantities only where they are
+
+
+class FakeKube:
+    """An in-memory API server: objects by (kind, name); optional failures injected per verb."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.writes: list[tuple[str, str]] = []
+        self.rv = 0
+        self.before_replace: list[Any] = []  # callables run before the next replaces (races)
+        self.fail: dict[tuple[str, str], ApiError] = {}  # (verb, kind) -> error
+
+    def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.objects[(obj["kind"], obj["metadata"]["name"])] = copy.deepcopy(obj)
+        return copy.deepcopy(obj)
+
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        obj = self.objects.get((kind, name))
+        return copy.deepcopy(obj) if obj else None
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        if ("create", body["kind"]) in self.fail:
+            raise self.fail[("create", body["kind"])]
+        if (body["kind"], body["metadata"]["name"]) in self.objects:
+            raise ApiError(409, "already exists", "AlreadyExists")
+        self.writes.append(("create", body["metadata"]["name"]))
+        return self._stamp(copy.deepcopy(body))
+
+    def replace(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.before_replace:
+            self.before_replace.pop(0)()
+        live = self.objects[(body["kind"], body["metadata"]["name"])]
+        if body["metadata"]["resourceVersion"] != live["metadata"]["resourceVersion"]:
+            raise ApiError(409, "the object has been modified", "Conflict")
+        self.writes.append(("replace", body["metadata"]["name"]))
+        return self._stamp(copy.deepcopy(body))
+
+    def patch(self, api_version: str, kind: str, namespace: str | None, name: str, body: Any) -> Any:
+        self.writes.append(("patch", name))
+        self.objects[(kind, name)].update(body)
+        return self.objects[(kind, name)]
+
+
+def test_apply_child_repairs_drift_and_writes_nothing_when_in_sync() -> None:
+    kube = FakeKube()
+    dep = engine_deployment(POOL)
+    assert apply_child(kube, dep, "uid-1").outcome == "created"
+    assert apply_child(kube, dep, "uid-1").outcome == "unchanged" and len(kube.writes) == 1
+    kube.objects[("Deployment", "p-engine")]["spec"]["replicas"] = 9  # kubectl scale by hand
+    done = apply_child(kube, dep, "uid-1")
+    assert (done.outcome, done.drifted) == ("repaired", ["spec.replicas"])
+    assert done.live["spec"]["replicas"] == 2 and kube.writes[-1] == ("replace", "p-engine")
+    # The spec-hash annotation matched all along: the hash alone would have written nothing.
+    assert api.SPEC_HASH_ANNOTATION in done.live["metadata"]["annotations"]
+    assert apply_child(kube, dep, "uid-1").outcome == "unchanged"
+
+
+def test_apply_child_keeps_others_annotations_and_retries_a_race() -> None:
+    kube = FakeKube()
+    dep = engine_deployment(POOL)
+    apply_child(kube, dep, "uid-1")
+    live = kube.objects[("Deployment", "p-engine")]
+    live["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "4"
+    live["spec"]["replicas"] = 9
+
+    def someone_writes() -> None:
+        kube.objects[("Deployment", "p-engine")]["metadata"]["resourceVersion"] = "race"
+
+    kube.before_replace.append(someone_writes)
+    done = apply_child(kube, dep, "uid-1")
+    assert done.outcome == "repaired" and done.live["spec"]["replicas"] == 2
+    assert done.live["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == "4"
+
+
+def test_events_are_aggregated_and_never_fail_a_reconcile() -> None:
+    kube = FakeKube()
+    pool = {
+        "apiVersion": api.API_VERSION,
+        "kind": "ServingPool",
+        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1", "resourceVersion": "5"},
+    }
+    recorder = EventRecorder(kube, lambda: "T1", instance="operator-0")  # type: ignore[arg-type]
+    event = Event(WARNING, "Forbidden", "applying Role p-router: Forbidden: no")
+    recorder.record(pool, event)
+    recorder.record(pool, event)
+    (stored,) = [o for (kind, _), o in kube.objects.items() if kind == "Event"]
+    assert stored["count"] == 2 and stored["type"] == "Warning" and stored["reason"] == "Forbidden"
+    assert stored["involvedObject"] == {
+        "apiVersion": api.API_VERSION,
+        "kind": "ServingPool",
+        "name": "p",
+        "namespace": "ns",
+        "uid": "uid-1",
+        "resourceVersion": "5",
+    }
+    assert stored["metadata"]["namespace"] == "ns" and stored["reportingComponent"] == "jitserve-operator"
+    kube.fail[("create", "Event")] = ApiError(403, "events is forbidden")
+    recorder.record(pool, Event(WARNING, "Other", "x"))  # logged, not raised
+    long = event_manifest(pool, Event(WARNING, "Long", "x" * 5000), "T", "i")
+    assert len(long["message"]) == 1024
