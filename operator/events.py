@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,10 @@ class EventRecorder:
         self.kube = kube
         self.clock = clock
         self.instance = instance or os.environ.get("POD_NAME") or socket.gethostname()
+        # Event name -> count written, like client-go's EventCorrelator cache (in memory: after a
+        # restart a repeat counts from 2). No read of Events is needed, so no `get` permission.
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def record(self, obj: Mapping[str, Any], event: Event) -> None:
         body = event_manifest(obj, event, self.clock(), self.instance)
@@ -88,17 +93,17 @@ class EventRecorder:
         try:
             try:
                 self.kube.create(body)
+                with self._lock:
+                    self._counts[name] = 1
             except ApiError as exc:
                 if exc.status != 409:
                     raise
                 # The same event again: count it on the existing object.
-                live = self.kube.get("v1", "Event", ns, name) or {}
-                self.kube.patch(
-                    "v1",
-                    "Event",
-                    ns,
-                    name,
-                    {"count": int(live.get("count") or 1) + 1, "lastTimestamp": body["lastTimestamp"]},
-                )
+                with self._lock:
+                    count = self._counts[name] = self._counts.get(name, 1) + 1
+                    if len(self._counts) > 4096:  # bounded, like the correlator's LRU
+                        self._counts.pop(next(iter(self._counts)))
+                patch = {"count": count, "lastTimestamp": body["lastTimestamp"]}
+                self.kube.patch("v1", "Event", ns, name, patch)
         except ApiError as exc:
             log.warning("could not record event %s on %s/%s: %s", event.reason, ns, name, exc)
