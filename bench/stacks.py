@@ -130,10 +130,32 @@ MIXES: dict[str, Mix] = {
 }
 
 
-def make_jobs(mix: Mix, rate: float, duration_s: float, seed: int, deadline_scale: float = 1.0) -> list[Any]:
+@dataclass(frozen=True)
+class Shape:
+    """How `jitserve demo`'s workload is fitted to this machine and to short runs."""
+
+    slo_scale: float = 1.0  # every SLO time x this: the machine's step / 50 ms (`demo.slo_scale_for`)
+    length_scale: float = 1.0  # output tokens and prompt words x this, and deadline-type deadlines with them
+    deadline_scale: float = 1.0  # deadline-type work (outputs and deadlines) x this, on top
+
+    def tokens(self, cls: str, n: int) -> int:
+        k = self.length_scale * (1.0 if cls == "latency" else self.deadline_scale)
+        return n if k == 1.0 else max(2, round(n * k))
+
+
+def _shorter(prompt: str, k: float) -> str:
+    """`jitserve demo`'s prompt ("<text>\n\n<ask>") with its text cut to k of its words."""
+    if k == 1.0:
+        return prompt
+    text, _, ask = prompt.partition("\n\n")
+    words = text.split(" ")
+    return " ".join(words[: max(5, round(len(words) * k))]) + "\n\n" + ask
+
+
+def make_jobs(mix: Mix, rate: float, duration_s: float, seed: int, shape: Shape = Shape()) -> list[Any]:
     """Poisson arrivals at `rate` jobs/s for `duration_s`; classes drawn from shuffled decks of the mix's
-    weights (the paper mix's deck is `jitserve demo`'s shuffled triple, so with `deadline_scale` 1 this is
-    exactly `demo.make_workload`). Deadline-type outputs are `deadline_scale` as long (at least 4 tokens)."""
+    weights (the paper mix's deck is `jitserve demo`'s shuffled triple, so with an unscaled shape this is
+    exactly `demo.make_workload`); lengths scaled by `shape`."""
     from jitserve.local.demo import Call, Job, make_calls
 
     if rate <= 0 or duration_s <= 0:
@@ -151,31 +173,31 @@ def make_jobs(mix: Mix, rate: float, duration_s: float, seed: int, deadline_scal
             rng.shuffle(deck)
         cls = deck.pop()
         calls = make_calls(rng, "deadline" if cls == "best-effort" else cls)  # best-effort: report-sized
-        if cls != "latency" and deadline_scale != 1.0:
-            calls = tuple(Call(c.prompt, max(4, round(c.max_tokens * deadline_scale))) for c in calls)
+        calls = tuple(
+            Call(_shorter(c.prompt, shape.length_scale), shape.tokens(cls, c.max_tokens)) for c in calls
+        )
         jobs.append(Job(len(jobs), cls, t, calls))
     return jobs
 
 
-def mean_job_tokens(mix: Mix, deadline_scale: float, seed: int = 0, samples: int = 3000) -> float:
+def mean_job_tokens(mix: Mix, shape: Shape, seed: int = 0, samples: int = 3000) -> float:
     """Expected output tokens per job of the mix (Monte Carlo over the same generator)."""
-    jobs = make_jobs(mix, 1.0, float(samples), seed + 1, deadline_scale)
+    jobs = make_jobs(mix, 1.0, float(samples), seed + 1, shape)
     return sum(j.output_tokens for j in jobs) / max(1, len(jobs))
 
 
-def slo_of(
-    cls: str, stages: int, mix: Mix, scale: float, deadline_scale: float
-) -> tuple[Any, dict[str, float]]:
-    """(SLO, request fields) of a job: `jitserve demo`'s paper class, the mix's overrides, the scales."""
+def slo_of(cls: str, stages: int, mix: Mix, shape: Shape) -> tuple[Any, dict[str, float]]:
+    """(SLO, request fields) of a job: `jitserve demo`'s paper class, the mix's overrides, the shape."""
     from jitserve.local.demo import slo_for
 
+    scale = shape.slo_scale
     slo, fields = slo_for(cls, stages, scale)
     update: dict[str, float] = {}
     if cls == "latency" and mix.ttft is not None:
         update["ttft"] = fields["target_ttft"] = mix.ttft * scale
     elif cls in ("deadline", "compound"):
         base = mix.deadline * scale if (cls == "deadline" and mix.deadline is not None) else slo.deadline
-        update["deadline"] = fields["deadline"] = float(base) * deadline_scale
+        update["deadline"] = fields["deadline"] = float(base) * shape.length_scale * shape.deadline_scale
     return (slo.model_copy(update=update) if update else slo), fields
 
 
@@ -266,15 +288,14 @@ async def _run_job(
     job: Any,
     t0: float,
     mix: Mix,
-    scale: float,
-    dscale: float,
+    shape: Shape,
     spec: StackSpec,
     tag: str,
     out: JobOut,
 ) -> None:
     await asyncio.sleep(max(0.0, t0 + job.arrival - time.monotonic()))
     stages = len(job.calls)
-    slo, fields = slo_of(job.slo_class, stages, mix, scale, dscale)
+    slo, fields = slo_of(job.slo_class, stages, mix, shape)
     for k, call in enumerate(job.calls):
         body: dict[str, Any] = {"slo_class": job.slo_class, "ignore_eos": True, **fields}
         if job.slo_class == "compound":
@@ -304,8 +325,7 @@ async def run_trace(
     jobs: Sequence[Any],
     spec: StackSpec,
     mix: Mix,
-    scale: float,
-    dscale: float,
+    shape: Shape,
     cutoff_s: float,
     tag: str,
     stop: threading.Event | None,
@@ -328,7 +348,7 @@ async def run_trace(
     outs = [JobOut(j) for j in jobs]
     t0 = time.monotonic() + 0.1
     tasks = [
-        asyncio.ensure_future(_run_job(client, model, j, t0, mix, scale, dscale, spec, tag, o))
+        asyncio.ensure_future(_run_job(client, model, j, t0, mix, shape, spec, tag, o))
         for j, o in zip(jobs, outs, strict=True)
     ]
     try:
@@ -408,21 +428,19 @@ def _pct(xs: Sequence[float], q: float) -> float | None:
     return round(ys[i], 3)
 
 
-def score_run(
-    outs: Sequence[JobOut], mix: Mix, scale: float, dscale: float, cutoff_s: float
-) -> dict[str, ClassRun]:
+def score_run(outs: Sequence[JobOut], mix: Mix, shape: Shape, cutoff_s: float) -> dict[str, ClassRun]:
     """Per class: the scored jobs' goodput and outcomes, and every job's delivered tokens."""
     from jitserve.scheduler.goodput import RequestRecord, max_goodput, program_goodput, request_goodput
 
     runs = {c: ClassRun() for c, _ in mix.weights}
     # Best-effort has no horizon inside a run: it is scored over the deadline class's arrivals window.
-    be_window = horizon(slo_of("deadline", 1, mix, scale, dscale)[0], [])
+    be_window = horizon(slo_of("deadline", 1, mix, shape)[0], [])
     for o in outs:
         job, cls = o.job, o.job.slo_class
         r = runs[cls]
         r.tokens += sum(len(c.token_times) for c in o.calls)
         stages = len(job.calls)
-        slo, _ = slo_of(cls, stages, mix, scale, dscale)
+        slo, _ = slo_of(cls, stages, mix, shape)
         h = be_window if cls == "best-effort" else horizon(slo, [c.max_tokens for c in job.calls])
         if job.arrival + h > cutoff_s:
             continue  # its outcome is not decided by the cutoff in every stack: load only
@@ -587,17 +605,17 @@ class Fleet:
 
 
 def forwards_priority(url: str, model: str) -> str:
-    """Does a router pass the body's `priority` on to vLLM? Asked of a stock FCFS engine behind it, which
-    refuses any priority but 0 (so stack (b)'s EDF keys reach its engines only if this says yes)."""
+    """Does a router pass the body's `priority` on to vLLM? A priority that is not an integer is refused by
+    vLLM's own request validation (`body.priority`), so that message coming back says it got there."""
     import httpx
 
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "priority": 7}
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "priority": "x"}
     try:
         r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60.0)
     except httpx.HTTPError as e:
         return f"unknown ({type(e).__name__})"
-    if r.status_code == 400 and "priority" in r.text.lower():
-        return "yes (the FCFS engine behind it refused priority 7)"
+    if r.status_code == 400 and "body.priority" in r.text:
+        return "yes (vLLM's own validation answered for it)"
     return f"NO: status {r.status_code} {r.text[:120]!r}"
 
 
@@ -860,15 +878,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mixes", default="paper,latency,chat", help="comma list of paper, latency, chat (all)")
     p.add_argument(
-        "--loads", default="1.0,1.5,2.0", help="arrival rates, multiples of stock saturation (1.0,1.5,2.0)"
+        "--loads",
+        default="1.5,2.0,1.0",
+        help="arrival rates, multiples of stock saturation, run in this order (1.5,2.0,1.0)",
     )
     p.add_argument("--seeds", default="0,1,2", help="trace seeds; one trace per seed, mix and load (0,1,2)")
-    p.add_argument("--stacks", default="a-rr,a-ca,b,c,d", help="comma list of a-rr, a-ca, b, c, d (all)")
+    p.add_argument(
+        "--stacks",
+        default="a-rr,b,c,d",
+        help="comma list of a-rr, a-ca, b, c, d (a-rr,b,c,d: with one engine every vllm-router policy sends "
+        "everything to it, so a-ca would repeat a-rr; add it with --engines 2)",
+    )
     p.add_argument(
         "--duration",
         type=float,
-        default=25.0,
-        help="seconds per run: arrivals until then, then the streams still open are cancelled (25)",
+        default=33.0,
+        help="seconds per run: arrivals until then, then the streams still open are cancelled (33)",
     )
     p.add_argument(
         "--deadline-scale",
@@ -876,7 +901,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1 / 3,
         help="output lengths and deadlines of deadline-type jobs times this (1/3; 1: jitserve demo's)",
     )
-    p.add_argument("--engines", type=int, default=2, help="engines per stack (2)")
+    p.add_argument(
+        "--length-scale",
+        type=float,
+        default=None,
+        help="output tokens and prompt words of every job times this, deadlines with them (default: 1 / the "
+        "SLO factor, so each job takes the wall time it takes on the 50 ms-step machine the SLOs are for)",
+    )
+    p.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        help="engines per stack, each on all cores (1; with 2 each gets its own core)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=8, help="sequences per batch per engine (8)")
     p.add_argument(
         "--model",
@@ -947,23 +984,12 @@ def _one_run(
 ) -> tuple[dict[str, Any], list[JobOut]]:
     """Replay one trace on one stack: its set idle and its prefix caches reset first; scored."""
     seed, m, load = cell
-    mix, scale, dscale, duration = MIXES[m], plan["scale"], plan["deadline_scale"], plan["duration"]
+    mix, shape, duration = MIXES[m], plan["shape"], plan["duration"]
     waited = prepare(fleet.engine_urls(spec))
     t = time.monotonic()
-    trace = run_trace(
-        fleet.urls[spec.key],
-        model,
-        jobs,
-        spec,
-        mix,
-        scale,
-        dscale,
-        duration,
-        f"s{seed}-{m}-{load:g}-{spec.key}",
-        stop,
-    )
-    outs = asyncio.run(trace)
-    summ = run_summary(score_run(outs, mix, scale, dscale, duration), duration)
+    tag = f"s{seed}-{m}-{load:g}-{spec.key}"
+    outs = asyncio.run(run_trace(fleet.urls[spec.key], model, jobs, spec, mix, shape, duration, tag, stop))
+    summ = run_summary(score_run(outs, mix, shape, duration), duration)
     rec = {
         "seed": seed,
         "mix": m,
@@ -1014,13 +1040,15 @@ def calibrate(
         sat = asyncio.run(demo.until_stopped(measure, stop))
     step = args.engines * args.max_num_seqs / sat
     scale = args.slo_scale or demo.slo_scale_for(step)
+    shape = Shape(scale, args.length_scale or 1.0 / scale, args.deadline_scale)
     _say(
         f"stock saturation {sat:.1f} output tokens/s ({step * 1000:.0f} ms per step, every slot busy) "
-        f"-> SLO times x{scale:.2f}"
+        f"-> SLO times x{scale:.2f}, lengths x{shape.length_scale:.2f}, "
+        f"deadline work x{shape.deadline_scale:.2f} more"
     )
     rates: dict[str, dict[str, float]] = {}
     for m in mixes:
-        per_job = mean_job_tokens(MIXES[m], args.deadline_scale)
+        per_job = mean_job_tokens(MIXES[m], shape)
         rates[m] = {str(x): x * sat / per_job for x in loads}
         _say(
             f"{m}: {per_job:.0f} output tokens per job -> 1.0x = {sat / per_job:.2f} jobs/s; {MIXES[m].about}"
@@ -1028,6 +1056,7 @@ def calibrate(
     return {
         "saturation": {"tokens_per_s": sat, "step_ms": step * 1000, "measured_on": cal.key},
         "slo_scale": scale,
+        "shape": asdict(shape),
         "rates": rates,
     }
 
@@ -1058,7 +1087,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = up.resolve_model(args.model, args.cache_dir)
     log_dir = args.log_dir or Path("/tmp") / f"jitserve-stacks-{os.getpid()}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    cells = [(seed, m, load) for seed in seeds for m in mixes for load in loads]
+    # Loads in the order given (the goals' loads first by default, so a matrix cut short keeps them),
+    # then seeds, then mixes; within a cell the stacks take turns in a rotating order.
+    cells = [(seed, m, load) for load in loads for seed in seeds for m in mixes]
     total_runs = len(cells) * len(specs)
     _say(
         f"bench/stacks: {model.name}, stacks {', '.join(keys)}; {len(cells)} cells (seed x mix x load) x "
@@ -1076,9 +1107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "engines": args.engines,
         "max_num_seqs": args.max_num_seqs,
         "duration_s": args.duration,
-        "deadline_scale": args.deadline_scale,
         "mixes": mixes,
-        "loads": loads,
+        "loads": sorted(loads),
         "seeds": seeds,
         "stacks": {s.key: s.label for s in specs},
         "mix_about": {m: MIXES[m].about for m in mixes},
@@ -1094,16 +1124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for s in specs:  # first-request set-up (connections, warm-up) out of the runs
                 asyncio.run(_warm(fleet.urls[s.key], model.name))
             data |= calibrate(args, fleet, specs, model.name, mixes, loads, stop)
-            plan = {
-                "scale": data["slo_scale"],
-                "deadline_scale": args.deadline_scale,
-                "duration": args.duration,
-            }
+            shape = Shape(**data["shape"])
+            plan = {"shape": shape, "duration": args.duration}
             with tqdm(total=total_runs, unit="run", disable=not sys.stderr.isatty()) as bar:
                 for n, (seed, m, load) in enumerate(cells):
-                    jobs = make_jobs(
-                        MIXES[m], data["rates"][m][str(load)], args.duration, seed, args.deadline_scale
-                    )
+                    jobs = make_jobs(MIXES[m], data["rates"][m][str(load)], args.duration, seed, shape)
                     for spec in specs[n % len(specs) :] + specs[: n % len(specs)]:  # a rotating order
                         fleet.check_alive()
                         rec, outs = _one_run(fleet, spec, model.name, jobs, (seed, m, load), plan, stop)

@@ -14,7 +14,7 @@ def test_paper_mix_is_the_demo_trace() -> None:
 
 
 def test_mixes_follow_their_weights_and_scale_deadline_work() -> None:
-    jobs = stacks.make_jobs(stacks.MIXES["chat"], 5.0, 400.0, 0, deadline_scale=0.5)
+    jobs = stacks.make_jobs(stacks.MIXES["chat"], 5.0, 400.0, 0, stacks.Shape(1.0, 0.5, 0.5))
     share = {
         c: sum(j.slo_class == c for j in jobs) / len(jobs) for c in ("latency", "deadline", "best-effort")
     }
@@ -22,26 +22,28 @@ def test_mixes_follow_their_weights_and_scale_deadline_work() -> None:
     full = stacks.make_jobs(stacks.MIXES["chat"], 5.0, 400.0, 0)
     for a, b in zip(jobs, full, strict=True):
         assert a.arrival == b.arrival and a.slo_class == b.slo_class
-        want = b.calls[0].max_tokens if a.slo_class == "latency" else max(4, round(b.calls[0].max_tokens / 2))
-        assert a.calls[0].max_tokens == want
+        k = 0.5 if a.slo_class == "latency" else 0.25  # lengths x0.5, deadline work x0.5 more
+        assert a.calls[0].max_tokens == max(2, round(b.calls[0].max_tokens * k))
+        text, full_text = a.calls[0].prompt.split("\n\n")[0], b.calls[0].prompt.split("\n\n")[0]
+        assert full_text.startswith(text) and len(text.split()) == max(5, round(len(full_text.split()) / 2))
     assert {j.slo_class for j in stacks.make_jobs(stacks.MIXES["latency"], 5.0, 50.0, 1)} == {"latency"}
 
 
 def test_slos_take_the_mix_overrides_and_both_scales() -> None:
     chat = stacks.MIXES["chat"]
-    lat, fields = stacks.slo_of("latency", 1, chat, 2.0, 0.5)
+    lat, fields = stacks.slo_of("latency", 1, chat, stacks.Shape(2.0, 1.0, 0.5))
     assert (lat.ttft, lat.tbt, fields["target_ttft"]) == (2.0, 0.2, 2.0)  # TTFT 1 s x machine factor 2
-    ddl, fields = stacks.slo_of("deadline", 1, chat, 2.0, 0.5)
-    assert ddl.deadline == fields["deadline"] == 15.0  # 15 s x 2 x 0.5
-    prog, fields = stacks.slo_of("compound", 3, stacks.MIXES["paper"], 1.0, 0.5)
+    ddl, fields = stacks.slo_of("deadline", 1, chat, stacks.Shape(2.0, 0.5, 0.5))
+    assert ddl.deadline == fields["deadline"] == 7.5  # 15 s x 2 x 0.5 x 0.5
+    prog, fields = stacks.slo_of("compound", 3, stacks.MIXES["paper"], stacks.Shape(1.0, 1.0, 0.5))
     assert prog.deadline == fields["deadline"] == 30.0  # 20 s per stage x 3 stages x 0.5
 
 
 def test_edf_keys_order_by_due_time() -> None:
     paper = stacks.MIXES["paper"]
-    lat, _ = stacks.slo_of("latency", 1, paper, 1.0, 1.0)
-    ddl, _ = stacks.slo_of("deadline", 1, paper, 1.0, 1.0)
-    prog, _ = stacks.slo_of("compound", 2, paper, 1.0, 1.0)
+    lat, _ = stacks.slo_of("latency", 1, paper, stacks.Shape())
+    ddl, _ = stacks.slo_of("deadline", 1, paper, stacks.Shape())
+    prog, _ = stacks.slo_of("compound", 2, paper, stacks.Shape())
     assert stacks.edf_priority(10.0, lat) == 12_000  # first token due at arrival + TTFT
     assert stacks.edf_priority(1.0, ddl) == 21_000
     assert [stacks.edf_priority(3.0, prog, k, 2) for k in (0, 1)] == [23_000, 43_000]  # stage shares of 40 s
@@ -68,7 +70,7 @@ def test_scoring_counts_decided_jobs_only() -> None:
         _out(late_ttft, stacks.CallOut(1.0, [3.5 + 0.1 * i for i in range(5)], None, 0, reason="timeout")),
         _out(rejected, stacks.CallOut(2.0, reason="rejected")),
     ]
-    runs = stacks.score_run(outs, mix, 1.0, 1.0, cutoff_s=10.0)
+    runs = stacks.score_run(outs, mix, stacks.Shape(), cutoff_s=10.0)
     r = runs["latency"]
     assert (r.jobs, r.met, r.rejected, r.timeouts) == (3, 1, 1, 1)
     on_timeline = sum(3.5 + 0.1 * i <= 1.0 + 2.0 + 0.1 * i + 1e-9 for i in range(5))
