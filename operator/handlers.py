@@ -210,14 +210,22 @@ def class_event(  # noqa: A002 - kopf's argument names
 
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": api.MANAGED_BY})
 def child_event(namespace: str, name: str, type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
-    """A child Deployment's rollout moved (pods became ready, ...): refresh its pool's status."""
+    """A child Deployment's rollout moved (pods became ready, ...) or its spec was edited: reconcile its
+    pool (status refreshed, a hand edit repaired)."""
     status = body.get("status") or {}
+    progressing = [
+        (c.get("status"), c.get("reason"))
+        for c in status.get("conditions") or []
+        if c.get("type") == "Progressing"
+    ]
     state = (
         type == "DELETED",
-        body.get("metadata", {}).get("generation"),
+        body.get("metadata", {}).get("generation"),  # moves on a hand edit of the spec: repaired at once
         status.get("observedGeneration"),
+        status.get("replicas"),
         status.get("readyReplicas"),
         status.get("updatedReplicas"),
+        tuple(progressing),  # ProgressDeadlineExceeded reported (not its timestamps: they move often)
     )
     with _SEEN_LOCK:
         changed = _DEPLOYMENT_STATE.get((namespace, name)) != state

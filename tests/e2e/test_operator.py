@@ -37,6 +37,8 @@ CHILDREN = [
     ("networking.k8s.io/v1", "NetworkPolicy", "engine"),
 ]
 
+STUCK: set[str] = set()
+
 ROUTER_REPORT = {
     "classes": {"latency": {"goodput": 812.5, "attainment": 0.97}, "deadline": {"goodput": 90.0}}
 }
@@ -105,7 +107,8 @@ def operator(
     kubectl.apply(ROOT / "crds")
     kubectl.apply(ROOT / "docs" / "examples" / "slo-class.yaml")
     op = Operator(kube, router_status_url)
-    with EmulatedDeploymentController(kube):
+    # Deployments in STUCK namespaces never get ready pods (a rollout that cannot finish).
+    with EmulatedDeploymentController(kube, ready=lambda dep: dep["metadata"]["namespace"] not in STUCK):
         op.start()
         yield op
         op.stop()
@@ -304,6 +307,13 @@ def test_missing_slo_class_is_reported_and_nothing_is_deployed(
         ({"engine": {"backend": "vllm-cpu"}, "resources": {"gpus": 1}}, "vllm-cpu takes no GPUs"),
         ({"model": {"source": "pvc", "servedName": "m"}}, "model.source pvc needs model.pvc.claimName"),
         ({"engine": {"backend": "tpu"}}, "spec.engine.backend"),
+        # What a real API server would refuse in the Deployment: refused on the pool itself.
+        ({"resources": {"gpus": 1, "cpu": "banana"}}, "spec.resources.cpu"),
+        ({"resources": {"gpus": 1, "memory": "48 GB"}}, "spec.resources.memory"),
+        ({"nodeSelector": {"disk": "fast ssd"}}, "spec.nodeSelector.disk"),
+        ({"router": {"authSecret": "Keys_Prod"}}, "spec.router.authSecret"),
+        ({"networkPolicy": {"metricsNamespaces": ["Monitoring"]}}, "spec.networkPolicy.metricsNamespaces[0]"),
+        ({"tolerations": [{"key": "gpu", "operator": "Exists", "value": "x"}]}, "spec.tolerations[0].value"),
     ],
 )
 def test_invalid_pool_is_rejected_with_a_clear_message(
@@ -383,10 +393,14 @@ def test_delete_removes_everything(
     ns = namespace(kubectl, "delete")
     kubectl.apply(example_pool("pool", ns))
     kubectl("wait", "--for=condition=Ready", "servingpool/pool", "-n", ns, "--timeout=60s")
-    assert len(emulated_cluster.objects(namespace=ns)) == 1 + len(CHILDREN)
+
+    def not_events() -> list[dict[str, Any]]:  # Events are not owned: they expire by their TTL
+        return [o for o in emulated_cluster.objects(namespace=ns) if o["kind"] != "Event"]
+
+    assert len(not_events()) == 1 + len(CHILDREN)
 
     kubectl("delete", "servingpool/pool", "-n", ns, "--timeout=60s")
-    wait_for(lambda: emulated_cluster.objects(namespace=ns) == [], what="the garbage collector")
+    wait_for(lambda: not_events() == [], what="the garbage collector")
     # No finalizer was needed: the pool never carried one.
     assert not any(
         "finalizers" in o["metadata"] for o in emulated_cluster.objects(plural=api.SERVINGPOOL_PLURAL)
@@ -400,3 +414,147 @@ def test_delete_removes_everything(
         ),
         what="the SLOClass status forgetting the pool",
     )
+
+
+def events_of(kube: Any, ns: str, name: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in kube.list("v1", "Event", ns)
+        if e["involvedObject"].get("kind") == api.SERVINGPOOL_KIND and e["involvedObject"]["name"] == name
+    ]
+
+
+def test_hand_edits_of_children_are_repaired(operator: Operator, kube: Any, kubectl: Kubectl) -> None:
+    ns = namespace(kubectl, "drift")
+    kubectl.apply(example_pool("pool", ns))
+    kubectl("wait", "--for=condition=Ready", "servingpool/pool", "-n", ns, "--timeout=60s")
+    role_before = kube.get("rbac.authorization.k8s.io/v1", "Role", ns, "pool-router")["rules"]
+
+    # What the issue did by hand: scale the engines behind the pool's back, widen the router's Role.
+    kubectl("patch", "deployment/pool-engine", "-n", ns, "--type=merge", "-p", '{"spec": {"replicas": 9}}')
+    kubectl(
+        "patch", "role/pool-router", "-n", ns, "--type=json",
+        "-p", '[{"op": "add", "path": "/rules/-", "value": {"apiGroups": [""], "resources": ["secrets"], '
+        '"verbs": ["get", "list"]}}]',
+    )  # fmt: skip
+    wait_for(
+        lambda: kube.get("apps/v1", "Deployment", ns, "pool-engine")["spec"]["replicas"] == 2,
+        what="the engine Deployment back at the pool's 2 replicas",
+    )
+    wait_for(
+        lambda: kube.get("rbac.authorization.k8s.io/v1", "Role", ns, "pool-router")["rules"] == role_before,
+        what="the router's Role back to its own rules",
+    )
+    repaired = wait_for(
+        lambda: (
+            {e["message"] for e in events_of(kube, ns, "pool") if e["reason"] == "DriftRepaired"}
+            if len([e for e in events_of(kube, ns, "pool") if e["reason"] == "DriftRepaired"]) >= 2
+            else None
+        ),
+        what="a DriftRepaired event for each child",
+    )
+    assert any("Deployment pool-engine" in m and "spec.replicas" in m for m in repaired), repaired
+    assert any("Role pool-router" in m and "rules" in m for m in repaired), repaired
+    assert all(e["type"] == "Warning" for e in events_of(kube, ns, "pool") if e["reason"] == "DriftRepaired")
+    obj = pool(kube, ns, "pool")
+    assert condition(obj, "Degraded")["status"] == "False" and condition(obj, "Ready")["status"] == "True"
+
+
+def test_a_forbidden_child_is_degraded_with_the_reason_and_a_warning_event(
+    operator: Operator, emulated_cluster: EmulatedCluster, kube: Any, kubectl: Kubectl
+) -> None:
+    """A Role the operator may not create (RBAC escalation check). The emulated API server has no
+    authorization, so its create of Roles in this namespace is made to answer 403 as kube-apiserver
+    does (a Status with reason Forbidden and the escalation message); the rest is the real path."""
+    import kmock
+
+    ns = namespace(kubectl, "forbidden")
+    message = (
+        'roles.rbac.authorization.k8s.io "pool-router" is forbidden: user "system:serviceaccount:'
+        'jitserve-system:jitserve-operator" is attempting to grant RBAC permissions not currently held'
+    )
+    server = emulated_cluster.server
+    assert server is not None
+    original = server._prepare_create  # noqa: SLF001 - the emulator has no RBAC to configure instead
+
+    def forbid_roles(request: Any) -> None:
+        if request.resource.plural == "roles" and request.namespace == ns:
+            raise kmock.KubernetesError(status=403, reason="Forbidden", message=message, details={})
+        original(request)
+
+    server._prepare_create = forbid_roles  # noqa: SLF001
+    try:
+        kubectl.apply(example_pool("pool", ns))
+        obj = wait_for(
+            lambda: (o := pool(kube, ns, "pool")) and condition(o, "Degraded").get("status") == "True" and o,
+            what="Degraded=True",
+        )
+        degraded = condition(obj, "Degraded")
+        assert degraded["reason"] == "Forbidden"
+        assert (
+            "applying Role pool-router" in degraded["message"] and "not currently held" in degraded["message"]
+        )
+        assert condition(obj, "Ready")["status"] == "False"
+        # The other children went ahead: a refused Role does not hold back the engines.
+        assert kube.get("apps/v1", "Deployment", ns, "pool-engine") is not None
+        warnings = wait_for(
+            lambda: [e for e in events_of(kube, ns, "pool") if e["type"] == "Warning"], what="a Warning event"
+        )
+        assert [e["reason"] for e in warnings] == ["Forbidden"]
+        assert "not currently held" in warnings[0]["message"]
+        assert warnings[0]["involvedObject"]["uid"] == obj["metadata"]["uid"]
+    finally:
+        server._prepare_create = original  # noqa: SLF001
+    # Permissions granted: the resync creates the Role and the pool recovers by itself.
+    kubectl("wait", "--for=condition=Ready", "servingpool/pool", "-n", ns, "--timeout=60s")
+    obj = wait_for(
+        lambda: (o := pool(kube, ns, "pool")) and condition(o, "Degraded").get("status") == "False" and o,
+        what="Degraded=False",
+    )
+    assert kube.get("rbac.authorization.k8s.io/v1", "Role", ns, "pool-router") is not None
+    wait_for(
+        lambda: [
+            e for e in events_of(kube, ns, "pool") if e["reason"] == "Recovered" and e["type"] == "Normal"
+        ],
+        what="a Normal Recovered event",
+    )
+
+
+def test_a_rollout_past_its_deadline_stops_reading_rolling_out(
+    operator: Operator, kube: Any, kubectl: Kubectl
+) -> None:
+    ns = namespace(kubectl, "stuck")
+    STUCK.add(ns)
+    kubectl.apply(example_pool("pool", ns))
+    # status.replicas: the pods the Deployment reports (2 exist, none ready), whatever the spec says.
+    obj = wait_for(
+        lambda: (
+            (o := pool(kube, ns, "pool"))
+            and condition(o, "Progressing").get("reason") == "RollingOut"
+            and (o["status"].get("replicas"), o["status"].get("readyReplicas")) == (2, 0)
+            and o
+        ),
+        what="a rollout under way with 2 pods, none ready",
+    )
+    assert condition(obj, "Ready")["reason"] == "EnginesNotReady"
+    # What the Deployment controller writes once progressDeadlineSeconds pass without progress.
+    exceeded = {
+        "type": "Progressing",
+        "status": "False",
+        "reason": "ProgressDeadlineExceeded",
+        "message": 'ReplicaSet "pool-engine-7d9f" has timed out progressing.',
+    }
+    kube.patch_status("apps/v1", "Deployment", ns, "pool-engine", {"conditions": [exceeded]})
+    obj = wait_for(
+        lambda: (o := pool(kube, ns, "pool")) and condition(o, "Progressing").get("status") == "False" and o,
+        what="Progressing=False",
+    )
+    assert condition(obj, "Progressing")["reason"] == "ProgressDeadlineExceeded"
+    assert "timed out progressing" in condition(obj, "Progressing")["message"]
+    assert condition(obj, "Degraded")["reason"] == "ProgressDeadlineExceeded"
+    wait_for(
+        lambda: [e for e in events_of(kube, ns, "pool") if e["reason"] == "ProgressDeadlineExceeded"],
+        what="a ProgressDeadlineExceeded event",
+    )
+    dep = kube.get("apps/v1", "Deployment", ns, "pool-engine")
+    assert dep["spec"]["progressDeadlineSeconds"] == 2400
