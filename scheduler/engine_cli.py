@@ -38,8 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         default="jitserve",
         choices=JITSERVE_POLICIES + STOCK_POLICIES,
-        help="scheduling policy: jitserve (GMAX), fcfs, edf, sjf behind the same adapter; vllm / "
-        "vllm-priority = stock vLLM without the JITServe scheduler (baselines). Default jitserve",
+        help="scheduling policy: jitserve (just-in-time GMAX), jitserve-paper (Algorithm 1's ranking "
+        "alone), fcfs, edf, sjf behind the same adapter; vllm / vllm-priority = stock vLLM without the "
+        "JITServe scheduler (baselines). Default jitserve",
     )
     parser.add_argument("--frame-steps", type=int, default=50, help="Delta: engine steps per frame (50)")
     parser.add_argument(
