@@ -254,18 +254,25 @@ def owned_drift(desired: Manifest, live: Manifest) -> list[str]:
 @dataclass
 class Applied:
     """What apply_child did: created | updated (our manifest changed) | repaired (the live object
-    drifted from it) | unchanged; the live object; the drifted paths (repaired only)."""
+    drifted from it) | unchanged; the live object; the drifted paths (repaired only); the paths the
+    API server itself rewrote in the object we just wrote (a mutating admission webhook, say)."""
 
     outcome: str
     live: Manifest
     drifted: list[str] = field(default_factory=list)
+    server_rewrites: frozenset[str] = frozenset()
 
 
 SERVICE_ALLOCATED = ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy")
 
 
 def apply_child(
-    kube: Kube, desired: Manifest, owner_uid: str, likely_new: bool = False, attempts: int = 3
+    kube: Kube,
+    desired: Manifest,
+    owner_uid: str,
+    likely_new: bool = False,
+    attempts: int = 3,
+    server_rewrites: frozenset[str] = frozenset(),
 ) -> Applied:
     """Create or replace one child so that the live object carries every field we own.
 
@@ -273,6 +280,8 @@ def apply_child(
     (an operator restart, a periodic resync) is free. Otherwise the object is replaced (PUT with the
     live resourceVersion; a concurrent writer's 409 means: read again and retry, `attempts` times).
     `likely_new` (a pool never reconciled before) tries the create first and saves a read per child.
+    `server_rewrites`: paths the server was seen to rewrite in this very manifest (returned by an
+    earlier call); they are not drift, so a mutating webhook cannot make us rewrite the object forever.
     """
     md = desired["metadata"]
     digest = manifest_hash(desired)
@@ -280,23 +289,25 @@ def apply_child(
     body["metadata"].setdefault("annotations", {})[api.SPEC_HASH_ANNOTATION] = digest
     if likely_new:
         try:
-            return Applied("created", kube.create(body))
+            created = kube.create(body)
+            return Applied("created", created, server_rewrites=frozenset(owned_drift(desired, created)))
         except ApiError as exc:
             if exc.status != 409:
                 raise
     for attempt in range(attempts):
         live = kube.get(desired["apiVersion"], desired["kind"], md.get("namespace"), md["name"])
         if live is None:
-            return Applied("created", kube.create(body))
+            created = kube.create(body)
+            return Applied("created", created, server_rewrites=frozenset(owned_drift(desired, created)))
         if not owned_by(live, owner_uid):
             raise ChildConflictError(
                 f"{desired['kind']} {md['name']} already exists and is not owned by this ServingPool"
             )
         live_md = live.get("metadata") or {}
         same_hash = (live_md.get("annotations") or {}).get(api.SPEC_HASH_ANNOTATION) == digest
-        drifted = owned_drift(desired, live)
+        drifted = [p for p in owned_drift(desired, live) if p not in server_rewrites]
         if same_hash and not drifted:
-            return Applied("unchanged", live)
+            return Applied("unchanged", live, server_rewrites=server_rewrites)
         replacement = json.loads(json.dumps(body))
         new_md = replacement["metadata"]
         new_md["resourceVersion"] = live_md.get("resourceVersion")
@@ -314,7 +325,10 @@ def apply_child(
             if exc.status == 409 and attempt + 1 < attempts:
                 continue  # written meanwhile by someone else: compare against the new object
             raise
-        return Applied("updated" if not same_hash else "repaired", written, [] if not same_hash else drifted)
+        rewrites = frozenset(owned_drift(desired, written))
+        if same_hash:
+            return Applied("repaired", written, [p for p in drifted if p not in rewrites], rewrites)
+        return Applied("updated", written, [], rewrites)
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 

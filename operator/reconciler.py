@@ -14,7 +14,7 @@ from typing import Any
 from jitserve.operator import api
 from jitserve.operator.children import Images, desired_children, unwanted_children
 from jitserve.operator.events import NORMAL, WARNING, Event, EventRecorder
-from jitserve.operator.kube import ApiError, ChildConflictError, Kube, apply_child, owned_by
+from jitserve.operator.kube import ApiError, ChildConflictError, Kube, apply_child, manifest_hash, owned_by
 from jitserve.operator.reconcile import (
     Failure,
     Observed,
@@ -72,6 +72,9 @@ class Reconciler:
         # SLOClass name -> spec or None; the operator passes its in-memory index (kept current by
         # the watch), saving a read per class per reconcile. Without one: read from the API.
         self.class_lookup = class_lookup or self._get_class
+        # (namespace, kind, name) -> (manifest hash, paths the API server rewrites in it): a mutating
+        # webhook's changes to our fields are not drift (else every resync would rewrite the child).
+        self._rewrites: dict[tuple[str, str, str], tuple[str, frozenset[str]]] = {}
         # One reconcile per pool at a time: kopf may call us from several handlers concurrently.
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
@@ -87,6 +90,9 @@ class Reconciler:
         with self._lock(namespace, name):
             pool_obj = self.kube.get(api.API_VERSION, api.SERVINGPOOL_KIND, namespace, name)
             if pool_obj is None or (pool_obj.get("metadata") or {}).get("deletionTimestamp"):
+                names = {api.engine_name(name), api.router_name(name), api.classes_configmap_name(name)}
+                for key in [k for k in self._rewrites if k[0] == namespace and k[2] in names]:
+                    del self._rewrites[key]
                 return None
             result = self._reconcile(pool_obj, read_router)
         if self.on_result is not None:
@@ -160,8 +166,11 @@ class Reconciler:
         likely_new = "observedGeneration" not in (pool_obj.get("status") or {})
         for child in desired_children(plan.pool):
             kind, cname = child["kind"], child["metadata"]["name"]
+            key, digest = (namespace, kind, cname), manifest_hash(child)
+            known = self._rewrites.get(key)
+            rewrites = known[1] if known is not None and known[0] == digest else frozenset()
             try:
-                done = apply_child(self.kube, child, uid, likely_new)
+                done = apply_child(self.kube, child, uid, likely_new, server_rewrites=rewrites)
             except ChildConflictError as exc:
                 result.failures.append(Failure("ApplyFailed", str(exc)))
                 continue
@@ -169,6 +178,11 @@ class Reconciler:
                 result.failures.append(_failure(f"applying {kind} {cname}", exc))
                 continue
             applied[(kind, cname)] = done.live
+            if done.server_rewrites:
+                log.debug(
+                    "%s %s/%s: the API server rewrites %s", kind, namespace, cname, done.server_rewrites
+                )
+            self._rewrites[key] = (digest, done.server_rewrites)
             if done.outcome != "unchanged":
                 result.changes[f"{kind}/{cname}"] = done.outcome
             if done.drifted:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from jitserve.operator import api
 from jitserve.operator.children import Images, Pool, desired_children, engine_deployment, router_role
 from jitserve.operator.events import WARNING, Event, EventRecorder, event_manifest
 from jitserve.operator.kube import ApiError, apply_child, drift, owned_drift
 from jitserve.operator.models import ServingPoolSpec
+from jitserve.operator.reconciler import Reconciler, TransientApiError
 from jitserve.scheduler.slo import PAPER_CLASSES
 
 SPEC = ServingPoolSpec.model_validate(
@@ -110,8 +113,11 @@ class FakeKube:
         self.rv = 0
         self.before_replace: list[Any] = []  # callables run before the next replaces (races)
         self.fail: dict[tuple[str, str], ApiError] = {}  # (verb, kind) -> error
+        self.mutate: Any = None  # a mutating admission webhook: called on every object written
 
     def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
+        if self.mutate is not None:
+            self.mutate(obj)
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
         self.objects[(obj["kind"], obj["metadata"]["name"])] = copy.deepcopy(obj)
@@ -137,6 +143,16 @@ class FakeKube:
             raise ApiError(409, "the object has been modified", "Conflict")
         self.writes.append(("replace", body["metadata"]["name"]))
         return self._stamp(copy.deepcopy(body))
+
+    def patch_status(
+        self, api_version: str, kind: str, namespace: str | None, name: str, status: Any
+    ) -> None:
+        obj = self.objects[(kind, name)]
+        merged = {**(obj.get("status") or {}), **status}
+        obj["status"] = {k: v for k, v in merged.items() if v is not None}
+
+    def list(self, api_version: str, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == kind]
 
     def patch(self, api_version: str, kind: str, namespace: str | None, name: str, body: Any) -> Any:
         self.writes.append(("patch", name))
@@ -201,3 +217,72 @@ def test_events_are_aggregated_and_never_fail_a_reconcile() -> None:
     recorder.record(pool, Event(WARNING, "Other", "x"))  # logged, not raised
     long = event_manifest(pool, Event(WARNING, "Long", "x" * 5000), "T", "i")
     assert len(long["message"]) == 1024
+
+
+def test_fields_a_webhook_rewrites_are_not_drift_forever() -> None:
+    """A mutating webhook that adds to our securityContext: written once, then left alone."""
+    kube = FakeKube()
+
+    def harden(obj: dict[str, Any]) -> None:
+        if obj["kind"] == "Deployment":
+            for c in obj["spec"]["template"]["spec"]["containers"]:
+                c["securityContext"]["readOnlyRootFilesystem"] = True
+
+    kube.mutate = harden
+    dep = engine_deployment(POOL)
+    first = apply_child(kube, dep, "uid-1")
+    path = "spec.template.spec.containers[0].securityContext"
+    assert first.outcome == "created" and first.server_rewrites == {path}
+    again = apply_child(kube, dep, "uid-1", server_rewrites=first.server_rewrites)
+    assert again.outcome == "unchanged" and len(kube.writes) == 1
+    # Without the memory it would be "repaired" on every resync, and report nothing repaired.
+    blind = apply_child(kube, dep, "uid-1")
+    assert blind.outcome == "repaired" and blind.drifted == [] and blind.server_rewrites == {path}
+    # Real drift elsewhere is still repaired.
+    kube.objects[("Deployment", "p-engine")]["spec"]["replicas"] = 5
+    fixed = apply_child(kube, dep, "uid-1", server_rewrites=first.server_rewrites)
+    assert fixed.outcome == "repaired" and fixed.drifted == ["spec.replicas"]
+
+
+def _pool_kube() -> FakeKube:
+    kube = FakeKube()
+    kube.objects[("ServingPool", "p")] = {
+        "apiVersion": api.API_VERSION,
+        "kind": "ServingPool",
+        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1", "generation": 1, "resourceVersion": "1"},
+        "spec": SPEC.model_dump(mode="json", exclude_none=True),
+    }
+    return kube
+
+
+def _reconciler(kube: FakeKube) -> Reconciler:
+    classes = {"latency": PAPER_CLASSES["latency"].model_dump(mode="json")}
+    return Reconciler(kube, clock=lambda: "2026-01-01T00:00:00Z", class_lookup=classes.get)  # type: ignore[arg-type]
+
+
+def test_a_refused_child_is_a_condition_and_the_others_are_still_applied() -> None:
+    kube = _pool_kube()
+    kube.fail[("create", "Role")] = ApiError(403, 'roles "p-router" is forbidden', "Forbidden")
+    result = _reconciler(kube).reconcile("ns", "p")
+    assert result is not None and [f.reason for f in result.failures] == ["Forbidden"]
+    status = kube.objects[("ServingPool", "p")]["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "Forbidden")
+    assert degraded["message"] == 'applying Role p-router: Forbidden: roles "p-router" is forbidden'
+    assert ("Deployment", "p-engine") in kube.objects and ("Role", "p-router") not in kube.objects
+    warnings = [o for (k, _), o in kube.objects.items() if k == "Event" and o["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["Forbidden"]
+
+
+def test_a_transient_failure_is_recorded_then_raised_for_a_retry() -> None:
+    kube = _pool_kube()
+    kube.fail[("create", "Service")] = ApiError(503, "etcd leader changed", "ServiceUnavailable")
+    with pytest.raises(TransientApiError, match="etcd leader changed"):
+        _reconciler(kube).reconcile("ns", "p")
+    status = kube.objects[("ServingPool", "p")]["status"]
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Degraded"] == "ServiceUnavailable"
+    del kube.fail[("create", "Service")]
+    result = _reconciler(kube).reconcile("ns", "p")
+    assert result is not None and not result.failures
+    status = kube.objects[("ServingPool", "p")]["status"]
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Degraded"] == "False"
