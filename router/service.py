@@ -607,6 +607,7 @@ class Router:
             return "header_timeout"
         attempt.scope = None
         attempt.upstream = upstream
+        replica.last_byte = self.clock()  # it answered: alive (for unary, the whole answer is here)
         if upstream.status >= 500:
             upstream.close()
             release()
