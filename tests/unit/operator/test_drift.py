@@ -286,3 +286,16 @@ def test_a_transient_failure_is_recorded_then_raised_for_a_retry() -> None:
     assert result is not None and not result.failures
     status = kube.objects[("ServingPool", "p")]["status"]
     assert {c["type"]: c["status"] for c in status["conditions"]}["Degraded"] == "False"
+
+
+def test_a_child_the_api_server_rejects_is_invalid_with_its_message() -> None:
+    kube = _pool_kube()
+    message = 'Deployment.apps "p-engine" is invalid: spec.template.spec.containers[0].image: Required value'
+    kube.fail[("create", "Deployment")] = ApiError(422, message, "Invalid")
+    result = _reconciler(kube).reconcile("ns", "p")
+    assert result is not None and {f.reason for f in result.failures} == {"Invalid"}
+    status = kube.objects[("ServingPool", "p")]["status"]
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert (conds["Degraded"]["status"], conds["Degraded"]["reason"]) == ("True", "Invalid")
+    assert "applying Deployment p-engine: Invalid: " + message in conds["Degraded"]["message"]
+    assert conds["Ready"]["status"] == "False" and status["replicas"] == 0
