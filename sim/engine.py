@@ -18,9 +18,22 @@ the model; only the slow growth of contexts inside a macro step is averaged (mid
 
 The policy is the scheduler core's `Policy`: the engine calls `plan` at frame boundaries (every
 `frame_steps` steps) and, to stay work-conserving, whenever a request arrives or finishes while a
-batch slot is free; mid-frame plans only admit, they never preempt (JITServe §4.2: preemption only at
-frame boundaries). Policies with `frame_steps == 1` (vLLM-style baselines) are planned on every
-event, which is equivalent to planning every step because their decisions change only on events.
+batch slot is free. Mid-frame plans only admit, unless the policy sets `preempts_midframe` (just-in-time
+GMAX): then the engine re-plans on every event, full batch or not, and carries out the plan's
+preemptions at once, so an urgent arrival does not wait for a frame boundary. Policies with
+`frame_steps == 1` (vLLM-style baselines) are planned on every event, which is equivalent to planning
+every step because their decisions change only on events. The policy is always asked: there is no
+shortcut that admits in arrival order when everything fits.
+
+As in vLLM v1's scheduler (`vllm/v1/core/sched/scheduler.py`, `schedule()`):
+- admission and the prefill token budget follow the policy's order: requests whose prefill has
+  started keep their place (vLLM's running list), those whose prefill has not started take the
+  budget in the latest plan's order (vLLM's waiting queue, FCFS or priority);
+- when decode growth runs out of KV blocks, the engine preempts and admits nothing new in that step
+  (vLLM schedules waiting requests only `if not preempted_reqs`), so a KV preemption is never undone
+  at the same instant;
+- simulated time always advances: `MAX_STALLED_STEPS` consecutive `step()` calls without the clock
+  moving raise `SimulationStalledError` instead of spinning.
 """
 
 from __future__ import annotations
@@ -38,6 +51,14 @@ from jitserve.sim.profiles import BatchTimeModel, Profile
 
 _IDLE_WAKE_S = 0.05  # an engine with queued but unadmitted work re-checks after this long
 _SPEED_STEP = 1.02  # the policies see v_token rounded to this ratio
+# step() calls in a row that may leave the clock where it is (drops, KV preemptions, plans) before the
+# engine calls it a livelock: far more than any legitimate chain (one KV preemption per running request)
+MAX_STALLED_STEPS = 10_000
+_UNRANKED = float(2**62)  # plan rank of a request no plan has ordered yet
+
+
+class SimulationStalledError(RuntimeError):
+    """The engine's clock stopped advancing: a scheduling livelock (a bug, never a result)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +125,8 @@ class EngineStats:
     aborts: int = 0  # cancelled by the router's or client's timeout (CallInfo.first_token_by/abort_at)
     plans: int = 0
     frames: int = 0
+    midframe_preemptions: int = 0  # policy preemptions carried out between frame boundaries
+    instant_readmissions: int = 0  # preempted and admitted again at the same simulated instant
 
 
 # (features [n, f] from CallInfo.features, generated [n]) -> total output-length upper bounds [n]
@@ -150,12 +173,17 @@ class Engine:
     _first_by: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     _abort_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     _aborts: bool = False  # some call has a finite abort time
+    _rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))  # position in the last plan
+    _kv_preempted: bool = False  # a KV preemption since the last step ran: admit nothing (vLLM)
+    _stalled: int = 0  # step() calls in a row without the clock advancing
+    _preempted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
 
     def __post_init__(self) -> None:
         self._sync_capacity()
         self._v_token = self.timing.decode_step_time(max(self.config.batch_size // 4, 1), 1024.0)
         self._prefill_rate = self.timing.prefill_tokens_per_s(min(self.config.token_budget, 2048))
         self._framed = self.policy.frame_steps > 1
+        self._midframe = bool(getattr(self.policy, "preempts_midframe", False))
         # The policy may run fewer sequences than the engine allows (GMAX's B < max_num_seqs).
         params = getattr(self.policy, "params", None)
         policy_batch = getattr(params, "batch_size", None) or getattr(self.policy, "batch_size", None)
@@ -217,6 +245,8 @@ class Engine:
         self._abort_at[slot] = info.abort_at
         self._aborts = self._aborts or math.isfinite(info.first_token_by) or math.isfinite(info.abort_at)
         self._seg_open[slot] = -1
+        self._rank[slot] = _UNRANKED
+        self._preempted_at[slot] = -math.inf
         if self.table.slo_type[slot] == LATENCY:
             self._segs[slot] = []
         self._dirty = True
@@ -224,6 +254,7 @@ class Engine:
     def step(self, t_limit: float = math.inf) -> list[Finished]:
         """Plan if due, then run one macro step (or idle briefly). Returns finished/dropped calls."""
         out: list[Finished] = []
+        clock0 = self.clock
         if self._aborts:
             self._expire(out)
         self._maybe_plan(out)
@@ -231,9 +262,24 @@ class Engine:
             if self.busy:  # queued work the policy holds back (or KV-blocked): look again soon
                 self.clock = max(self.clock + _IDLE_WAKE_S, min(t_limit, self.clock + 1.0))
                 self._dirty = True
-            return out
-        self._run_macro_step(t_limit, out)
+                self._kv_preempted = False
+        else:
+            self._run_macro_step(t_limit, out)
+        self._check_progress(clock0)
         return out
+
+    def _check_progress(self, clock0: float) -> None:
+        if self.clock > clock0 or not self.busy:
+            self._stalled = 0
+            return
+        self._stalled += 1
+        if self._stalled >= MAX_STALLED_STEPS:
+            raise SimulationStalledError(
+                f"{self.name}: {self._stalled} engine steps without the clock advancing "
+                f"at t={self.clock:.6f} s "
+                f"({self.running_count} running, {self.waiting_count} waiting, policy {self.policy.name}, "
+                f"{self.stats.preemptions} preemptions): a scheduling livelock"
+            )
 
     def _next_abort(self) -> float:
         slots = self.table.active_slots()
@@ -259,17 +305,10 @@ class Engine:
     def _maybe_plan(self, out: list[Finished]) -> None:
         frame_due = self._framed and (self._plan is None or self._steps_in_frame >= self.policy.frame_steps)
         has_room = self._running.size < self._policy_batch
-        event_due = self._dirty and (not self._framed or has_room)
-        if not (frame_due or event_due):
-            return
-        if not frame_due and self._fits_all():
-            # Every active request fits in the batch: any policy's plan admits all of them (GMAX's
-            # work conservation included), so skip the planning and admit in arrival order.
-            waiting = self.table.active_slots()
-            waiting = waiting[~self.table.running[waiting]]
-            waiting = waiting[np.argsort(self.table.arrival[waiting], kind="stable")]
-            self._apply(FramePlan(waiting, waiting, waiting[:0], waiting[:0]), full=False, out=out)
-            self._dirty = False
+        # A policy that preempts mid-frame looks at every event, full batch or not (an urgent arrival
+        # may take a slot at once); other framed policies only while a slot is free.
+        event_due = self._dirty and (not self._framed or has_room or self._midframe)
+        if not (frame_due or event_due) or len(self.table) == 0:
             return
         if frame_due and self._plan is not None:
             span = max(self.clock - self._frame_start, 1e-9)
@@ -277,7 +316,10 @@ class Engine:
             self.stats.frames += 1
         plan = self.policy.plan(self.table, self.clock, self.speed())
         self.stats.plans += 1
-        self._apply(plan, full=frame_due or not self._framed, out=out)
+        full = frame_due or not self._framed or self._midframe
+        if full and not frame_due and self._framed and plan.preempt.size:
+            self.stats.midframe_preemptions += int(self.table.running[plan.preempt].sum())
+        self._apply(plan, full=full, out=out)
         self._plan = plan
         self._dirty = False
         if frame_due or self._plan is None:
@@ -286,19 +328,16 @@ class Engine:
             self._frame_start = self.clock
 
     def _reacts_to_arrivals(self) -> bool:
-        """Whether a request arriving mid-macro-step could change the next step: only if a batch
-        slot is free or the policy re-plans (and may preempt) on every event. A framed policy with
-        a full batch looks at arrivals only at its next frame boundary."""
-        if self._running.size < self._policy_batch:
+        """Whether a request arriving mid-macro-step could change the next step: if a batch slot is
+        free, the policy preempts mid-frame, or it re-plans (and may preempt) on every event. Any
+        other framed policy with a full batch looks at arrivals only at its next frame boundary."""
+        if self._running.size < self._policy_batch or self._midframe:
             return True
         return not self._framed and bool(getattr(self.policy, "preemptive", False))
 
-    def _fits_all(self) -> bool:
-        if len(self.table) > self._policy_batch or self._budget_fn is not None:
-            return False
-        return not getattr(self.policy, "plans_every_event", False)
-
     def _apply(self, plan: FramePlan, full: bool, out: list[Finished]) -> None:
+        if plan.order.size:  # the budget's order for prefills not yet started (vLLM's waiting queue)
+            self._rank[plan.order] = np.arange(plan.order.size, dtype=np.float64)
         for slot in plan.drop.tolist():
             if self.table.running[slot]:
                 continue  # started requests are never dropped
@@ -308,10 +347,15 @@ class Engine:
             for slot in plan.preempt.tolist():
                 if self.table.active[slot] and self.table.running[slot]:
                     self._preempt(slot, self.config.preemption)
+        if self._kv_preempted:
+            return  # vLLM: no waiting request is scheduled in a step that preempted for KV blocks
         running = set(self._running.tolist())
         admitted: list[int] = []
         kv_free = self.config.kv_capacity * (1 - self.config.watermark) - self.kv_used
-        room = self.config.batch_size - len(running)
+        # never past the policy's own batch: a mid-frame plan whose preemptions the engine does not carry
+        # out must not admit their replacements on top of the batch (the next frame would then preempt
+        # the excess, and so on: a preemption storm)
+        room = self._policy_batch - len(running)
         for slot in plan.batch.tolist():
             if room <= 0:
                 break
@@ -327,6 +371,8 @@ class Engine:
             admitted.append(slot)
             room -= 1
         for slot in admitted:
+            if self._preempted_at[slot] == self.clock:
+                self.stats.instant_readmissions += 1
             self.table.running[slot] = True
             self.table.started[slot] = True
             self.table.frames_waited[slot] = 0
@@ -347,6 +393,11 @@ class Engine:
         prefilling = computed < target
         dec = run[~prefilling]
         pre = run[prefilling]
+        if pre.size > 1:
+            # started prefills keep their place (admission order: vLLM's running list); the rest take
+            # the budget in the policy's latest order (vLLM's waiting queue order)
+            unstarted = self.table.computed[pre] == 0
+            pre = pre[np.lexsort((np.where(unstarted, self._rank[pre], 0.0), unstarted))]
         budget = cfg.token_budget
         if self._budget_fn is not None:
             budget = max(int(self._budget_fn(self.table, self.clock, self.speed())), 1)
@@ -374,6 +425,7 @@ class Engine:
             victim = self._kv_victim()
             self._preempt(victim, "recompute")
             self.stats.kv_preemptions += 1
+            self._kv_preempted = True  # nothing is admitted until a step has run
             self._dirty = True
             return  # recompose next call
         # How many identical steps
@@ -425,6 +477,7 @@ class Engine:
                 # the decoding run starts at this step; decodes then produce one token per step
                 self._seg_open[done_pre] = first_step + k - 1
         self.clock = end
+        self._kv_preempted = False
         self._kv_cache = -1
         self.stats.steps += k
         self.stats.busy_s += k * dt
@@ -524,6 +577,7 @@ class Engine:
         self.table.running[slot] = False
         self._running = self._running[self._running != slot]
         self.stats.preemptions += 1
+        self._preempted_at[slot] = self.clock
         if mode == "swap":
             self._stall(self._swap_seconds(slot))
             self._swapped[slot] = True
@@ -577,3 +631,5 @@ class Engine:
         self._feats = np.concatenate([self._feats, np.zeros((grow, 6), np.float64)])
         self._first_by = np.concatenate([self._first_by, np.full(grow, math.inf)])
         self._abort_at = np.concatenate([self._abort_at, np.full(grow, math.inf)])
+        self._rank = np.concatenate([self._rank, np.full(grow, _UNRANKED)])
+        self._preempted_at = np.concatenate([self._preempted_at, np.full(grow, -math.inf)])

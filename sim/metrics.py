@@ -11,6 +11,12 @@ from jitserve.scheduler.goodput import Goodput, max_goodput, program_goodput, re
 from jitserve.scheduler.slo import SLOType
 from jitserve.sim.simulator import ProgramState, SimOutcome
 
+# Preemptions per replica per second above which a run's report warns of a preemption storm: a
+# replica that preempts several requests every second spends a large share of its steps re-doing
+# prefills (recompute) or copying KV (swap). Measured on the workload suite (docs/decisions/sim.md,
+# "Preemption storms"): no policy that works as intended comes near it.
+PREEMPTION_STORM_PER_REPLICA_S = 2.0
+
 
 @dataclass
 class Report:
@@ -35,11 +41,20 @@ class Report:
     rejected: int
     preemptions: int
     wall_s: float
+    token_goodput_by_type: dict[str, float] = field(default_factory=dict)  # tokens/s, per request type
+    requests_by_type: dict[str, int] = field(default_factory=dict)
+    kv_preemptions: int = 0  # of `preemptions`: forced by KV blocks running out
+    preemptions_per_replica_s: float = 0.0  # over the run (arrival window and drain)
+    replicas: int = 1
     goodput_timeline: list[float] = field(default_factory=list)  # per bin, tokens/s
     timeline_bin_s: float = 60.0
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
+
+    @property
+    def preemption_storm(self) -> bool:
+        return self.preemptions_per_replica_s > PREEMPTION_STORM_PER_REPLICA_S
 
 
 def program_result(st: ProgramState) -> Goodput:
@@ -62,6 +77,7 @@ def report(outcome: SimOutcome, bin_s: float = 60.0) -> Report:
     met = 0
     perfect = 0.0
     by_type: dict[str, list[bool]] = {}
+    tokens_by_type: dict[str, float] = {}
     ttft: list[float] = []
     tbt_samples: list[np.ndarray] = []
     e2el: dict[str, list[float]] = {}
@@ -75,6 +91,7 @@ def report(outcome: SimOutcome, bin_s: float = 60.0) -> Report:
         met += int(g.met)
         key = prog.slo_type.value
         by_type.setdefault(key, []).append(g.met)
+        tokens_by_type[key] = tokens_by_type.get(key, 0.0) + g.tokens
         perfect += sum(max_goodput(prog.slo, c.input_len, c.output_len) for c in prog.calls)
         dropped += int(st.dropped)
         rejected += int(st.rejected)
@@ -117,6 +134,11 @@ def report(outcome: SimOutcome, bin_s: float = 60.0) -> Report:
         rejected=rejected,
         preemptions=sum(e.stats.preemptions for e in engines),
         wall_s=outcome.wall_s,
+        token_goodput_by_type={k: v / horizon for k, v in sorted(tokens_by_type.items())},
+        requests_by_type={k: len(v) for k, v in sorted(by_type.items())},
+        kv_preemptions=sum(e.stats.kv_preemptions for e in engines),
+        preemptions_per_replica_s=sum(e.stats.preemptions for e in engines) / (max(len(engines), 1) * span),
+        replicas=len(engines),
         goodput_timeline=(timeline / bin_s).tolist(),
         timeline_bin_s=bin_s,
     )

@@ -75,9 +75,16 @@ class PolicySetup:
     label: str = ""
 
 
-def _jitserve(ctx: SimContext, oracle: bool) -> PolicySetup:
+def _jitserve(ctx: SimContext, oracle: bool, ranking: str = "jit") -> PolicySetup:
+    """JITServe: GMAX with just-in-time bandwidth (`ranking="jit"`, preempts mid-frame) or Algorithm 1's
+    ranking alone (`"paper"`: `jitserve-paper`, the ablation), on the same engine, router and analyzer."""
     params = GMAXParams(batch_size=ctx.gmax_batch_size, preemption="auto")
-    policy = oracle_policy(params) if oracle else GMAXPolicy(params=params)
+    if ranking == "paper":
+        name = "jitserve-paper-oracle" if oracle else "jitserve-paper"
+        policy = GMAXPolicy(params=dataclasses.replace(params, oracle=oracle), ranking="paper", name=name)
+    else:
+        policy = oracle_policy(params) if oracle else GMAXPolicy(params=params)
+    label = "JITServe" if ranking == "jit" else "JITServe (paper ranking)"
     return PolicySetup(
         policy,
         engine={"chunked_prefill": True, "token_budget": ctx.sarathi_budget, "preemption": "auto"},
@@ -86,7 +93,7 @@ def _jitserve(ctx: SimContext, oracle: bool) -> PolicySetup:
         # docs/decisions/core.md, "Admission"; measurements with and without in docs/benchmarks/sim.md).
         router_admission=True,
         placement="power-of-k",
-        label="JITServe*" if oracle else "JITServe",
+        label=f"{label}*" if oracle else label,
     )
 
 
@@ -156,6 +163,9 @@ def _baseline(module: str, attr: str) -> Callable[[SimContext], PolicySetup]:
 FACTORIES: dict[str, Callable[[SimContext], PolicySetup]] = {
     "jitserve": lambda ctx: _jitserve(ctx, oracle=False),
     "jitserve-oracle": lambda ctx: _jitserve(ctx, oracle=True),
+    # Algorithm 1's ranking alone, preemption at frame boundaries only (the ablation of just-in-time GMAX)
+    "jitserve-paper": lambda ctx: _jitserve(ctx, oracle=False, ranking="paper"),
+    "jitserve-paper-oracle": lambda ctx: _jitserve(ctx, oracle=True, ranking="paper"),
     # every class with `overload: downgrade`: what no replica can serve on time runs as best-effort
     "jitserve-downgrade": lambda ctx: dataclasses.replace(
         _jitserve(ctx, oracle=False), overload=OverloadAction.DOWNGRADE, label="JITServe (downgrade)"

@@ -108,9 +108,12 @@ class Application(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> Application:
-        needs_single = any(self.types.get(t, 0) > 0 for t in (SLOType.LATENCY, SLOType.DEADLINE))
+        singles = (SLOType.LATENCY, SLOType.DEADLINE, SLOType.BEST_EFFORT)
+        needs_single = any(self.types.get(t, 0) > 0 for t in singles)
         if needs_single and self.single is None:
-            raise ValueError(f"application {self.name}: latency/deadline types need `single` lengths")
+            raise ValueError(
+                f"application {self.name}: latency/deadline/best-effort types need `single` lengths"
+            )
         if self.types.get(SLOType.COMPOUND, 0) > 0 and self.compound is None:
             raise ValueError(f"application {self.name}: the compound type needs a `compound` shape")
         return self
@@ -126,6 +129,9 @@ class SLOSpec(BaseModel):
     deadline: float = Field(20.0, gt=0)
     per_stage: float = Field(20.0, gt=0)
     waiting_time: float = Field(5.0, gt=0)
+    best_effort_deadline: float = Field(
+        300.0, gt=0, description="best-effort: its deadline, and how long it may wait (it never starves)"
+    )
     scale: float = Field(1.0, gt=0, description="multiplies every SLO (the paper's SLO-scaling study)")
 
     def slo(self, slo_type: SLOType, stages: int = 1) -> SLO:
@@ -136,7 +142,8 @@ class SLOSpec(BaseModel):
             return SLO.deadline_slo(deadline=self.deadline * s, waiting_time=self.waiting_time)
         if slo_type is SLOType.COMPOUND:
             return SLO.compound(stages=stages, per_stage=self.per_stage * s, waiting_time=self.waiting_time)
-        return SLO.best_effort(waiting_time=self.waiting_time)
+        d = self.best_effort_deadline * s
+        return SLO.best_effort(deadline=d, waiting_time=d)
 
 
 class Arrivals(BaseModel):
@@ -146,6 +153,12 @@ class Arrivals(BaseModel):
     rate_per_replica: float = Field(0.5, gt=0, description="requests/s per replica (scaled by replicas)")
     cv: float = Field(1.0, gt=0, description="gamma: coefficient of variation of inter-arrival times")
     trace: str | None = Field(None, description="trace: file of arrival times in seconds, one a line")
+    saturation_per_replica: float | None = Field(
+        None,
+        gt=0,
+        description="requests/s per replica that vLLM FCFS sustains on this workload (measured: "
+        "`python bench/sim.py --saturation NAME`); `--load X` runs at X times it",
+    )
 
 
 class WorkloadSpec(BaseModel):

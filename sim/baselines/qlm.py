@@ -4,10 +4,16 @@
   distribution; here the equivalent 2-d bucketing: SLO type x log2 of the length bound), groups larger
   than delta x the average batch are split (delta = 4);
 - one virtual queue per engine: the plan orders groups by their most urgent member's deadline (the
-  min-expected-slack solution when no model swaps exist), FCFS within a group;
+  min-expected-slack solution when no model swaps exist), FCFS within a group. A request's deadline
+  is fixed at arrival (TTFT for latency requests, the E2E deadline otherwise): ranking running latency
+  requests by their next token's due time, which moves with every token, made a running group and a
+  waiting one overtake each other again and again, each time with an eviction (~70 preemptions per
+  replica-second on the bursty workload; docs/decisions/sim.md, "Preemption storms");
 - the RCT estimator: waiting time = output tokens queued ahead / token throughput;
 - request eviction: only when the estimator predicts that a head-group request would miss its SLO
-  does the agent evict running requests of later groups (KV dropped, one re-prefill on restart).
+  waiting, and meet it if started now, does the agent evict running requests of later groups (KV
+  dropped, one re-prefill on restart). Evicting for a request that misses either way was a storm
+  under overload (docs/decisions/sim.md, "Preemption storms").
 """
 
 from __future__ import annotations
@@ -17,12 +23,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from jitserve.scheduler.gmax import EngineSpeed
-from jitserve.scheduler.policy import next_due
-from jitserve.scheduler.requests import RequestTable
+from jitserve.scheduler.requests import LATENCY, RequestTable
 from jitserve.sim.baselines.common import RankedPolicy
 from jitserve.sim.policies import PolicySetup, SimContext
 
 DELTA = 4
+
+
+def fixed_due(table: RequestTable, slots: np.ndarray) -> np.ndarray:
+    """A request's SLO deadline as set at arrival: arrival + TTFT (latency) or the E2E deadline."""
+    lat = table.slo_type[slots] == LATENCY
+    return np.where(lat, table.arrival[slots] + table.ttft[slots], table.deadline_abs[slots])
 
 
 @dataclass
@@ -42,7 +53,7 @@ class QLMPolicy(RankedPolicy):
 
     def key(self, table: RequestTable, slots: np.ndarray, now: float, speed: EngineSpeed) -> np.ndarray:
         gid = self.groups(table, slots)
-        due = next_due(table, slots)
+        due = fixed_due(table, slots)
         uniq, inv = np.unique(gid, return_inverse=True)
         group_due = np.full(uniq.size, np.inf)
         np.minimum.at(group_due, inv, due)
@@ -52,15 +63,17 @@ class QLMPolicy(RankedPolicy):
     def may_evict(
         self, table: RequestTable, victims: np.ndarray, incoming: np.ndarray, now: float, speed: EngineSpeed
     ) -> np.ndarray:
-        # RCT: a head request starts when the first running request drains; evict only if even
-        # then it would miss its (next) due time
+        # RCT: a head request starts when the first running request drains; evict only if then it
+        # would miss its deadline and, started now, it would meet it (an eviction that saves nothing
+        # only costs the victim a re-prefill)
         v = float(np.mean(speed.step_time))
         active = table.active_slots()
         running = active[table.running[active]]
         rem = np.maximum(table.len_ub[running] - table.generated[running], 0)
         wait = float(rem.min()) * v if rem.size else 0.0
-        finish = now + wait + (table.len_ub[incoming] - table.generated[incoming]) * v
-        n = int((finish > next_due(table, incoming)).sum())
+        own = (table.len_ub[incoming] - table.generated[incoming]) * v
+        due = fixed_due(table, incoming)
+        n = int(((now + wait + own > due) & (now + own <= due)).sum())
         return victims[: min(n, victims.size)]
 
 

@@ -49,7 +49,10 @@ class LSDFPolicy(RankedPolicy):
         gain_lat = np.where(gen == 0, W_IN * inp * _f(table.ttft[slots], ttft_est), 0.0) + W_OUT * rem * _f(
             table.tbt[slots], np.full(slots.size, v)
         )
-        ttlt_slo = table.deadline_abs[slots] - table.arrival[slots]
+        # a late compound stage can arrive after its sub-deadline: its budget is 0 (no gain), never
+        # negative (a negative gain made every density negative and every preemption look worth it,
+        # docs/decisions/sim.md, "Preemption storms")
+        ttlt_slo = np.maximum(table.deadline_abs[slots] - table.arrival[slots], 0.0)
         gain_thr = (W_IN * inp + W_OUT * ub) * _f(ttlt_slo, elapsed + t_gen)
         gain = np.where(lat, gain_lat, gain_thr)
         return gain / t_gen
