@@ -187,17 +187,25 @@ def mean_job_tokens(mix: Mix, shape: Shape, seed: int = 0, samples: int = 3000) 
 
 
 def slo_of(cls: str, stages: int, mix: Mix, shape: Shape) -> tuple[Any, dict[str, float]]:
-    """(SLO, request fields) of a job: `jitserve demo`'s paper class, the mix's overrides, the shape."""
+    """(SLO, request fields) of a job: `jitserve demo`'s paper class, the mix's overrides, the shape.
+
+    A time that budgets a job's work (TTFT, deadline, waiting_time) scales with that work: x slo_scale x
+    length_scale (deadline work x deadline_scale more); TBT, one token's time, x slo_scale alone. With
+    length_scale = 1 / slo_scale (the default), TTFT and waiting_time are the paper's seconds, deadlines
+    deadline_scale of them, and TBT the same number of decode steps as 100 ms on the reference machine."""
     from jitserve.local.demo import slo_for
 
-    scale = shape.slo_scale
-    slo, fields = slo_for(cls, stages, scale)
+    work = shape.slo_scale * shape.length_scale
+    slo, fields = slo_for(cls, stages, work)
     update: dict[str, float] = {}
-    if cls == "latency" and mix.ttft is not None:
-        update["ttft"] = fields["target_ttft"] = mix.ttft * scale
+    if cls == "latency":
+        if mix.ttft is not None:
+            update["ttft"] = fields["target_ttft"] = mix.ttft * work
+        if slo.tbt is not None:
+            update["tbt"] = fields["target_tbt"] = slo.tbt / work * shape.slo_scale
     elif cls in ("deadline", "compound"):
-        base = mix.deadline * scale if (cls == "deadline" and mix.deadline is not None) else slo.deadline
-        update["deadline"] = fields["deadline"] = float(base) * shape.length_scale * shape.deadline_scale
+        base = mix.deadline * work if (cls == "deadline" and mix.deadline is not None) else slo.deadline
+        update["deadline"] = fields["deadline"] = float(base) * shape.deadline_scale
     return (slo.model_copy(update=update) if update else slo), fields
 
 
@@ -885,15 +893,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1,2", help="trace seeds; one trace per seed, mix and load (0,1,2)")
     p.add_argument(
         "--stacks",
-        default="a-rr,b,c,d",
-        help="comma list of a-rr, a-ca, b, c, d (a-rr,b,c,d: with one engine every vllm-router policy sends "
-        "everything to it, so a-ca would repeat a-rr; add it with --engines 2)",
+        default="a-rr,a-ca,b,c,d",
+        help="comma list of a-rr, a-ca, b, c, d (all; with --engines 1 every vllm-router policy sends "
+        "everything to the one engine, so a-ca repeats a-rr)",
     )
     p.add_argument(
         "--duration",
         type=float,
-        default=33.0,
-        help="seconds per run: arrivals until then, then the streams still open are cancelled (33)",
+        default=28.0,
+        help="seconds per run: arrivals until then, then the streams still open are cancelled (28)",
     )
     p.add_argument(
         "--deadline-scale",
@@ -911,8 +919,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--engines",
         type=int,
-        default=1,
-        help="engines per stack, each on all cores (1; with 2 each gets its own core)",
+        default=2,
+        help="engines per stack (2, as jitserve demo: engine i of every set on core i, one thread each)",
     )
     p.add_argument("--max-num-seqs", type=int, default=8, help="sequences per batch per engine (8)")
     p.add_argument(

@@ -39,6 +39,16 @@ def test_slos_take_the_mix_overrides_and_both_scales() -> None:
     assert prog.deadline == fields["deadline"] == 30.0  # 20 s per stage x 3 stages x 0.5
 
 
+def test_short_jobs_on_a_slow_machine_keep_the_papers_wall_times() -> None:
+    """4x slower steps, jobs 4x shorter: TTFT, waiting_time and deadlines stay in seconds; TBT is 4x."""
+    shape = stacks.Shape(4.0, 0.25, 1 / 3)
+    lat, fields = stacks.slo_of("latency", 1, stacks.MIXES["paper"], shape)
+    assert (lat.ttft, lat.tbt, lat.waiting_time) == pytest.approx((2.0, 0.4, 5.0))
+    assert fields == pytest.approx({"target_ttft": 2.0, "target_tbt": 0.4, "waiting_time": 5.0})
+    ddl, _ = stacks.slo_of("deadline", 1, stacks.MIXES["paper"], shape)
+    assert ddl.deadline == pytest.approx(20 / 3)
+
+
 def test_edf_keys_order_by_due_time() -> None:
     paper = stacks.MIXES["paper"]
     lat, _ = stacks.slo_of("latency", 1, paper, stacks.Shape())
