@@ -147,6 +147,8 @@ class _Background:
                     return
                 try:
                     _rec().reconcile(ns, name, read_router=True)
+                except TransientApiError as exc:  # in the pool's conditions already; next resync retries
+                    log.warning("resync of pool %s/%s: %s", ns, name, exc)
                 except Exception:  # noqa: BLE001 - one pool's failure must not stop the others
                     log.exception("resync of pool %s/%s failed", ns, name)
 
@@ -204,7 +206,7 @@ def class_event(  # noqa: A002 - kopf's argument names
         return  # the initial listing (pools resume by themselves) or a status-only change
     for ns, pool, allowed in _pools(pool_classes):
         if name in allowed:
-            _rec().reconcile(ns, pool)
+            _reconcile_from_event(ns, pool)
     BACKGROUND.classes_stale.set()
 
 
@@ -234,4 +236,13 @@ def child_event(namespace: str, name: str, type: str | None, body: kopf.Body, **
         return  # the initial listing, or our own create (its pool is reconciling right now)
     for ref in body.get("metadata", {}).get("ownerReferences") or []:
         if ref.get("kind") == api.SERVINGPOOL_KIND and ref.get("apiVersion", "").startswith(api.GROUP + "/"):
-            _rec().reconcile(namespace, ref["name"])
+            _reconcile_from_event(namespace, ref["name"])
+
+
+def _reconcile_from_event(namespace: str, name: str) -> None:
+    """Reconcile for an event of another object (kopf does not retry event handlers): a transient
+    failure is in the pool's conditions already and the resync retries it."""
+    try:
+        _rec().reconcile(namespace, name)
+    except TransientApiError as exc:
+        log.warning("reconcile of pool %s/%s: %s", namespace, name, exc)
