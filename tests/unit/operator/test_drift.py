@@ -299,3 +299,20 @@ def test_a_child_the_api_server_rejects_is_invalid_with_its_message() -> None:
     assert (conds["Degraded"]["status"], conds["Degraded"]["reason"]) == ("True", "Invalid")
     assert "applying Deployment p-engine: Invalid: " + message in conds["Degraded"]["message"]
     assert conds["Ready"]["status"] == "False" and status["replicas"] == 0
+
+
+def test_an_api_server_that_does_not_answer_is_a_transient_api_error() -> None:
+    """A real client against a closed port: no answer is ServerUnreachable, retried, never a crash."""
+    import kubernetes
+
+    from jitserve.operator.kube import Kube
+
+    cfg = kubernetes.client.Configuration()
+    cfg.host = "http://127.0.0.1:9"  # discard port: nothing listens
+    cfg.retries = 0
+    kube = Kube(kubernetes.client.ApiClient(cfg))
+    with pytest.raises(ApiError) as info:
+        kube.get("v1", "ConfigMap", "ns", "x")
+    assert (info.value.status, info.value.reason, info.value.transient) == (0, "ServerUnreachable", True)
+    assert not ApiError(403, "no").transient and ApiError(403, "no").reason == "Forbidden"
+    assert ApiError(422, "bad").reason == "Invalid" and ApiError(503, "busy").transient
