@@ -202,7 +202,11 @@ class Reconciler:
         """A child Deployment as just written or read by apply, else read now (blocked pools)."""
         if ("Deployment", name) in applied:
             return applied[("Deployment", name)]
-        return self.kube.get("apps/v1", "Deployment", namespace, name)
+        try:
+            return self.kube.get("apps/v1", "Deployment", namespace, name)
+        except ApiError as exc:  # its write failed already and is in the conditions: unknown state
+            log.debug("reading Deployment %s/%s failed: %s", namespace, name, exc)
+            return None
 
     def _get_class(self, name: str) -> dict[str, Any] | None:
         obj = self.kube.get(api.API_VERSION, api.SLOCLASS_KIND, None, name)
