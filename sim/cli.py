@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 DEFAULT_POLICIES = (
-    "jitserve,jitserve-oracle,sarathi,vllm,vllm-priority,edf,sjf,ltr,autellix,tempo,slos-serve,qlm"
+    "jitserve,jitserve-oracle,jitserve-paper,sarathi,vllm,vllm-priority,edf,sjf,ltr,autellix,tempo,"
+    "slos-serve,qlm"
 )
 
 
@@ -22,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_out", type=Path, help="write results here (policy -> metrics)")
     parser.add_argument("--rate", type=float, help="requests/s per replica (default: the workload's)")
     parser.add_argument("--rates", help="comma-separated rates per replica: a sweep (goodput vs rate)")
+    parser.add_argument(
+        "--load",
+        type=float,
+        help="rate as a multiple of the workload's saturation rate (arrivals.saturation_per_replica)",
+    )
+    parser.add_argument("--loads", help="comma-separated multiples of the saturation rate: a sweep")
     parser.add_argument("--replicas", type=int, help="replicas (default: the workload's)")
     parser.add_argument("--duration", type=float, help="seconds of arrivals (default: the workload's)")
     parser.add_argument("--seed", type=int, help="seed (default: the workload's)")
@@ -39,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--heterogeneity", type=float, help="override the profile's length-mix penalty h")
     parser.add_argument("--plots", type=Path, help="directory for PNG plots")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)"
+    )
 
 
 def _table(reports: dict, rate: float) -> str:  # type: ignore[type-arg]
@@ -59,6 +68,33 @@ def _table(reports: dict, rate: float) -> str:  # type: ignore[type-arg]
     return "\n".join(lines)
 
 
+def storm_warnings(reports: dict, rate: float) -> list[str]:  # type: ignore[type-arg]
+    """A line per policy whose replicas preempted more than the storm threshold per second."""
+    from jitserve.sim.metrics import PREEMPTION_STORM_PER_REPLICA_S as LIMIT
+
+    return [
+        f"warning: preemption storm: {name} at rate {rate:g} preempted "
+        f"{r.preemptions_per_replica_s:.1f} times per replica-second (threshold {LIMIT:g}; "
+        f"{r.kv_preemptions} of {r.preemptions} for KV blocks)"
+        for name, r in reports.items()
+        if r.preemption_storm
+    ]
+
+
+def _rates(args: argparse.Namespace, spec) -> list[float]:  # type: ignore[no-untyped-def]
+    if args.rates:
+        return [float(x) for x in args.rates.split(",")]
+    if args.rate:
+        return [args.rate]
+    if args.load or args.loads:
+        sat = spec.arrivals.saturation_per_replica
+        if sat is None:
+            raise ValueError(f"--load: workload {spec.name} has no arrivals.saturation_per_replica")
+        loads = [args.load] if args.load else [float(x) for x in args.loads.split(",")]
+        return [round(x * sat, 6) for x in loads]
+    return [spec.arrivals.rate_per_replica]
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -71,11 +107,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"jitserve sim: {exc}", file=sys.stderr)
         return 2
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    rates = (
-        [float(x) for x in args.rates.split(",")]
-        if args.rates
-        else [args.rate or spec.arrivals.rate_per_replica]
-    )
+    try:
+        rates = _rates(args, spec)
+    except ValueError as exc:
+        print(f"jitserve sim: {exc}", file=sys.stderr)
+        return 2
     base = RunConfig(
         replicas=args.replicas,
         duration_s=args.duration,
@@ -89,8 +125,12 @@ def run(args: argparse.Namespace) -> int:
     seed = spec.seed if args.seed is None else args.seed
     bounds = make_bounds(spec, base, seed)
     by_rate = {}
+    # no progress bar when stderr is not a terminal: a log file would fill with its redraws
     bar = tqdm(
-        total=len(rates) * len(policies) * int(duration), unit="sim-s", disable=args.quiet, file=sys.stderr
+        total=len(rates) * len(policies) * int(duration),
+        unit="sim-s",
+        disable=args.quiet or not sys.stderr.isatty(),
+        file=sys.stderr,
     )
     for rate in rates:
         cfg = RunConfig(
@@ -120,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     bar.close()
     for rate, reports in by_rate.items():
         print(_table(reports, rate))
+        for line in storm_warnings(reports, rate):
+            print(line)
         print()
     if args.json_out:
         out: dict[str, object] = {}
