@@ -3,9 +3,12 @@
 In the order the real server applies them: pruning of unknown fields (or, with
 `fieldValidation=Strict` as kubectl sends, rejection), defaulting, OpenAPI validation (bounds,
 enums, patterns, required, `x-kubernetes-list-type: set` uniqueness) and the CEL rules of
-`x-kubernetes-validations`, evaluated by cel-python. Not emulated: transition rules (`oldSelf`),
-CEL cost limits, the Kubernetes-specific CEL libraries (quantity, url, regex extensions), and
-messageExpression. Error messages follow the API server's format.
+`x-kubernetes-validations`, evaluated by cel-python, unless the schema found a blocking error
+(type, required, enum, maxLength, maxItems, maxProperties), as the real server decides; a rule's
+`reason`, `fieldPath` and `messageExpression` are honoured, and transition rules (`oldSelf`) run on
+updates where the old object has the node. Not emulated: CEL cost limits, `optionalOldSelf`,
+validation ratcheting, the Kubernetes-specific CEL libraries (quantity, url, regex extensions).
+Error messages and cause types follow the API server's (Kubernetes 1.35).
 """
 
 from __future__ import annotations
@@ -208,11 +211,29 @@ def _cel_error(path: str, value: Any, detail: str, reason: str | None) -> tuple[
     return path, f"Invalid value{shown}: {detail}", INVALID
 
 
-def _walk_rules(obj: Any, schema: Schema, path: str, errors: list[tuple[str, str, str]], root: bool) -> None:
-    """Evaluate every x-kubernetes-validations rule whose node is present in `obj`."""
+_MISSING = object()  # no old value to correlate with (a create, or a node the old object lacks)
+
+
+def _uses_old_self(rule: str) -> bool:
+    return "oldSelf" in rule
+
+
+def _walk_rules(
+    obj: Any, schema: Schema, path: str, errors: list[tuple[str, str, str]], root: bool, old: Any = _MISSING
+) -> None:
+    """Evaluate every x-kubernetes-validations rule whose node is present in `obj`.
+
+    Transition rules (those using oldSelf) run only where the old object has a correlated value
+    (apiextensions-apiserver, pkg/apiserver/schema/cel/validation.go: "transition rules are evaluated
+    only if there is a comparable existing value"): properties by name, items of `list-type: map`
+    lists by their keys; other list items are not correlated."""
     for rule in schema.get("x-kubernetes-validations") or []:
         text = (rule.get("message") or "").strip() or rule["rule"].strip()
         activation = {"self": celpy.json_to_cel(obj)}
+        if _uses_old_self(rule["rule"]):
+            if old is _MISSING:
+                continue
+            activation["oldSelf"] = celpy.json_to_cel(old)
         try:
             ok = _program(rule["rule"]).evaluate(activation)
         except Exception as exc:  # noqa: BLE001 - a rule that cannot evaluate reports why, as in K8s
@@ -238,10 +259,16 @@ def _walk_rules(obj: Any, schema: Schema, path: str, errors: list[tuple[str, str
     if isinstance(obj, dict):
         for key, sub in (schema.get("properties") or {}).items():
             if key in obj and not (root and key == "metadata"):
-                _walk_rules(obj[key], sub, _join(path, key), errors, False)
+                old_value = old.get(key, _MISSING) if isinstance(old, dict) else _MISSING
+                _walk_rules(obj[key], sub, _join(path, key), errors, False, old_value)
     elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        keys = schema.get("x-kubernetes-list-map-keys") or []
+        olds: dict[Any, Any] = {}
+        if schema.get("x-kubernetes-list-type") == "map" and keys and isinstance(old, list):
+            olds = {json.dumps([o.get(k) for k in keys]): o for o in old if isinstance(o, dict)}
         for i, item in enumerate(obj):
-            _walk_rules(item, schema["items"], f"{path}[{i}]", errors, False)
+            key = json.dumps([item.get(k) for k in keys]) if isinstance(item, dict) and olds else None
+            _walk_rules(item, schema["items"], f"{path}[{i}]", errors, False, olds.get(key, _MISSING))
 
 
 def _list_type_errors(obj: Any, schema: Schema, path: str, errors: list[tuple[str, str, str]]) -> None:
@@ -261,12 +288,13 @@ def _list_type_errors(obj: Any, schema: Schema, path: str, errors: list[tuple[st
                 _list_type_errors(obj[key], sub, _join(path, key), errors)
 
 
-def admit(obj: dict[str, Any], schema: Schema) -> Outcome:
+def admit(obj: dict[str, Any], schema: Schema, old: dict[str, Any] | None = None) -> Outcome:
     """Prune, default and validate one custom resource against its CRD version's openAPIV3Schema.
 
     The checks run as customResourceStrategy.Validate runs them: the OpenAPI schema, the list types,
     then the CEL rules unless a blocking error (BLOCKING) was found, in which case one more error
     says the rules were not checked. Other schema errors and the CEL errors are reported together.
+    `old` (an update's stored object) is what transition rules compare with.
     """
     unknown: list[str] = []
     body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
@@ -280,5 +308,5 @@ def admit(obj: dict[str, Any], schema: Schema) -> Outcome:
     if any(reason in BLOCKING for _, _, reason in errors):
         errors.append((*CEL_NOT_CHECKED, INVALID))
     else:
-        _walk_rules(result, schema, "", errors, True)
+        _walk_rules(result, schema, "", errors, True, _MISSING if old is None else old)
     return Outcome(result, unknown, [(w, m) for w, m, _ in errors], [r for _, _, r in errors])

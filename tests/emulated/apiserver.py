@@ -1,20 +1,29 @@
 """The emulated Kubernetes API server: kmock's KubernetesEmulator (pinned, kmock==0.8) extended with
 what kubectl and kopf need and what an operator's correctness depends on.
 
-Added on top of kmock (see design.md, "What is real in tests here"):
+Added on top of kmock (see design.md, "What is real in tests here", and docs/decisions/
+emulated-apiserver.md for what follows the real server's source and where):
 - CRDs become served resources when created (names, short names, scope, subresources), and their
-  objects are admitted against the CRD schema (admission.py: pruning, defaulting, OpenAPI, CEL);
-- metadata.uid / creationTimestamp / resourceVersion / generation stamped as the real server does;
+  objects are admitted against the CRD schema (admission.py: pruning, defaulting, OpenAPI, CEL; the
+  CEL rules run unless a blocking schema error was found, as in the real server);
+- metadata.uid / creationTimestamp / resourceVersion / generation stamped as the real server does:
+  one resourceVersion counter (etcd's revision), a new version for every write that changes an
+  object (the status subresource's too), none for a write that changes nothing;
   generation moves only when something besides metadata and status changes;
 - optimistic concurrency: a write carrying a stale resourceVersion gets 409 Conflict;
 - PUT (replace), the status subresource (main writes ignore .status, /status writes touch only it),
   and the scale subresource of custom resources (GET/PUT/PATCH .../scale);
 - the garbage collector: objects whose owner (ownerReferences uid) is gone are deleted, cascading;
-- watch that subscribes before replaying, resumes from ?resourceVersion=R, and answers in JSON;
+- watch that subscribes before replaying, resumes from ?resourceVersion=R, answers in JSON, and
+  serves watch-lists (sendInitialEvents=true: the objects, then the "k8s.io/initial-events-end"
+  bookmark), as kubectl 1.35 and client-go 1.35 informers ask; ListOptions validated (422);
+- discovery computed from the registered kinds only and cached until a CRD registers (kmock's
+  scanned every stored object per request); a resource nobody registered is 404;
 - list kinds/apiVersion, label and field selectors; the 'default' namespace; kmock path fixes.
 Not emulated: protobuf bodies (415: use `kubectl apply -f`), server-side apply, the OpenAPI
-endpoint (`kubectl --validate=false`), Table output, and every built-in controller (no Pods: tests
-use an emulated Deployment controller, controllers.py).
+endpoint (`kubectl --validate=false`), aggregated discovery (clients fall back to the documents
+above), Table output, watch timeouts and periodic bookmarks, and every built-in controller (no
+Pods: tests use an emulated Deployment controller, controllers.py).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import asyncio
 import collections
 import copy
 import datetime
+import json
 import time
 import uuid
 from typing import Any
@@ -182,7 +192,7 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         self._crds: dict[Any, dict[str, Any]] = {}  # resource -> served CRD version (schema, subresources)
         self._info_cache: dict[tuple[Any, Any, Any], Any] = {}  # (group, version, plural) -> ResourceInfo
         self._resources_cache: list[Any] | None = None  # the served resources (see _get_resources)
-        self._discovery: dict[str, Any] = {}  # discovery path -> its document (see _serve_discovery)
+        self._discovery: dict[str, bytes] = {}  # discovery path -> its JSON document (_serve_discovery)
         self._alive: dict[str, Any] = {}  # uid -> key of every live object (for the garbage collector)
         self._dependents: collections.defaultdict[str, set[Any]] = collections.defaultdict(
             set
@@ -289,12 +299,14 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
 
     # ---- admission of one write ------------------------------------------------------------------
 
-    def _admit(self, resource: Any, obj: dict[str, Any], strict: bool) -> dict[str, Any]:
+    def _admit(
+        self, resource: Any, obj: dict[str, Any], strict: bool, old: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         crd = self._crds.get(resource)
         if crd is None:
             return obj
         schema = ((crd.get("schema") or {}).get("openAPIV3Schema")) or {}
-        outcome = admit(obj, schema)
+        outcome = admit(obj, schema, old)
         name = (obj.get("metadata") or {}).get("name", "")
         kind = f"{crd['kind']}.{crd['group']}"
         if strict and outcome.unknown:
@@ -394,7 +406,7 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
             else:
                 new.pop("status", None)
         if request.subresource != "status" or self._crds.get(request.resource):
-            new = self._admit(request.resource, new, request.params.get("fieldValidation") == "Strict")
+            new = self._admit(request.resource, new, request.params.get("fieldValidation") == "Strict", old)
         meta = new["metadata"]
         if _body_of(new) != _body_of(old):
             meta["generation"] = int(old["metadata"].get("generation") or 1) + 1
@@ -504,9 +516,9 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         res = request.resource
         method = str(request.method.value).upper()
         if method == "GET" and (res is None or res.plural is None):
-            payload = await self._serve_discovery(request)
-            if payload is not None:
-                return aiohttp.web.json_response(payload)
+            body = await self._serve_discovery(request)
+            if body is not None:
+                return aiohttp.web.Response(body=body, content_type="application/json")
         served = res is not None and res.plural is not None and self._info(res) is not None
         if res is not None and res.plural is not None and not served:
             raise _status_error(404, "NotFound", "the server could not find the requested resource")
@@ -620,13 +632,13 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
             self._resources_cache = list(self.resources)
         return self._resources_cache
 
-    async def _serve_discovery(self, request: Any) -> Any:
+    async def _serve_discovery(self, request: Any) -> bytes | None:
         """/, /version, /api, /apis, /api/v1, /apis/G and /apis/G/V from a cache that only CRD
         registration invalidates: discovery never reads objects, so its cost does not grow with them.
         kubectl asks for aggregated discovery first and falls back to these documents."""
         path = "/" + request.url.path.strip("/")
         if path in self._discovery:
-            return copy.deepcopy(self._discovery[path])
+            return self._discovery[path]
         parts = path.strip("/").split("/")
         if path == "/":
             payload = await self._serve_root(request)
@@ -642,8 +654,8 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
             payload = await self._serve_group(request)
         else:
             return None
-        self._discovery[path] = payload
-        return copy.deepcopy(payload)
+        self._discovery[path] = json.dumps(payload).encode()
+        return self._discovery[path]
 
     async def _serve_version(self, request: Any) -> Any:
         # kmock renders the core group as "/v1" and repeats short names on subresources (kubectl warns).

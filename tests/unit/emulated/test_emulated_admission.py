@@ -178,3 +178,26 @@ def test_reason_and_field_path_of_a_rule() -> None:
 def test_integral_floats_are_integers() -> None:
     """kube-openapi validate/type.go (isFloatInt): 2.0 passes `type: integer`."""
     assert errors_of({"mode": "large", "size": 2.0}) == []
+
+
+def test_transition_rules_run_only_against_an_old_value() -> None:
+    """pkg/apiserver/schema/cel/validation.go: "transition rules are evaluated only if there is a
+    comparable existing value" (UsesOldSelf and no old object: skipped). On an update the rule
+    compares with the stored object's node."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "spec": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "other": {"type": "string"}},
+                "x-kubernetes-validations": [
+                    {"rule": "self.name == oldSelf.name", "message": "name is immutable"}
+                ],
+            }
+        },
+    }
+    new = {"metadata": {"name": "x"}, "spec": {"name": "b"}}
+    assert admit(new, schema).errors == []  # a create: no old value
+    old = {"metadata": {"name": "x"}, "spec": {"name": "a"}}
+    assert admit(new, schema, old).errors == [("spec", "Invalid value: name is immutable")]
+    assert admit({"metadata": {"name": "x"}, "spec": {"name": "a", "other": "z"}}, schema, old).errors == []
