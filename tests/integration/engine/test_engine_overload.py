@@ -75,12 +75,14 @@ class Stream:
             self.sent_at = time.time()
             stream = client.completions.create(
                 model=self.engine.model_name, prompt=f"{self.name} request", max_tokens=self.max_tokens,
-                stream=True, extra_body={"ignore_eos": True, "vllm_xargs": xargs},
+                stream=True, extra_body={"ignore_eos": True, "return_token_ids": True, "vllm_xargs": xargs},
             )  # fmt: skip
             for chunk in stream:
                 now = time.time()
                 if chunk.choices:
-                    self.token_times.append(now)  # one engine step, one token per chunk
+                    # a chunk carries one step's token, or several when vLLM merged steps for a slow reader
+                    new_tokens = len((chunk.choices[0].model_extra or {}).get("token_ids") or [])
+                    self.token_times.extend([now] * new_tokens)
                     if chunk.choices[0].finish_reason is not None:
                         self.finish_reason = chunk.choices[0].finish_reason
                 if self.closing.is_set():
@@ -120,7 +122,6 @@ class Overload:
         self.run = uuid.uuid4().hex[:8]
         self.streams: dict[str, Stream] = {}
         self.holders: list[str] = []
-        self.released = 0
 
     def submit(self, name: str, max_tokens: int, xargs: dict[str, Any]) -> Stream:
         # length_bound = max_tokens: GMAX's inputs do not depend on what the length predictor learned
@@ -170,10 +171,13 @@ class Overload:
         )
 
     def release_one(self) -> None:
-        """Close the next holder's stream and wait until a waiting request took the freed slot."""
+        """Close a running holder's stream and wait until a waiting request took the freed slot.
+
+        Running: the holder whose latest token is the most recent. A holder the scheduler preempted
+        waits for a slot like the requests under test, and its stream ends only once it gets one."""
+        left = [self.streams[h] for h in self.holders if not self.streams[h].closing.is_set()]
+        holder = max(left, key=lambda s: s.token_times[-1])
         waiting = self.engine.queue()[1]
-        holder = self.streams[self.holders[self.released]]
-        self.released += 1
         holder.closing.set()
         self.wait(f"{holder.name} released", lambda: holder.ended)
         if waiting:
@@ -182,7 +186,7 @@ class Overload:
             )
 
     def release_all(self) -> None:
-        while self.released < len(self.holders):
+        while any(not self.streams[h].closing.is_set() for h in self.holders):
             self.release_one()
 
     def report(self) -> str:
