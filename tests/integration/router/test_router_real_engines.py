@@ -68,10 +68,14 @@ def test_chat_and_completion_streaming_and_not_with_slo_fields(real) -> None:
     assert len(deltas) >= 1
     stream = c.completions.create(
         model=model, prompt="The quick brown fox", max_tokens=5, stream=True,
+        stream_options={"include_usage": True},
         extra_body={"slo_class": "loose", "waiting_time": 20, "ignore_eos": True},
     )  # fmt: skip
-    texts = [ch.choices[0].text for ch in stream if ch.choices]
-    assert len(texts) == 5
+    chunks = list(stream)
+    # all 5 tokens streamed: counted by usage, since vLLM merges deltas into fewer chunks when its
+    # API server falls behind the engine (a loaded machine), so the chunk count may be below 5
+    assert [ch.usage.completion_tokens for ch in chunks if ch.usage] == [5]
+    assert 1 <= len([ch for ch in chunks if ch.choices and ch.choices[0].text]) <= 5
     # The SLOs arrived in the engines' schedulers (via vllm_xargs), as the router resolved them.
     seen = {x["slo_class"]: x for e in engines for x in recent(e)}
     assert seen["interactive"]["ttft_s"] == 1.0 and seen["interactive"]["tbt_s"] == 0.2
