@@ -146,11 +146,14 @@ def test_the_largest_slo_times_are_accepted(routed) -> None:
 
 def test_a_flood_of_bad_requests_logs_a_line_not_a_line_each(routed, caplog) -> None:
     r, _, _ = routed
+    started = time.monotonic()
     with caplog.at_level(logging.INFO, logger="jitserve"):
         for _ in range(30):
             assert post(r, {"model": MODEL, "messages": MSG, "deadline": -1}).status_code == 400
+    took = time.monotonic() - started
     lines = [rec for rec in caplog.records if "rejected request" in rec.getMessage()]
-    assert 1 <= len(lines) <= 2, [rec.getMessage() for rec in lines]  # 10 s apart at most: one, or two
+    # one line per 10 s at most (however slow this machine is today), never one per request
+    assert 1 <= len(lines) <= 1 + int(took // 10), [rec.getMessage() for rec in lines]
     assert not [rec for rec in caplog.records if rec.exc_info]
     assert metric(r, 'jitserve_router_bad_requests_total{code="invalid_slo"}') == 30
 
