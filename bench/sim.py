@@ -6,6 +6,9 @@
     python bench/sim.py --placements 2.5 --replicas 4 --duration 300 [--admission on|off]
     python bench/sim.py --admission-sweep 1.5,2.5,3.5 --replicas 1 --duration 600
     python bench/sim.py --busy-rule 0.5,1.5,2.5,3.5 --duration 300 --seeds 0,1,2,3,4,5,6
+    python bench/sim.py --suite --seeds 0,1,2 --out docs/benchmarks   # every workload x load x policy
+    python bench/sim.py --saturation agentic          # vLLM FCFS's saturation rate on a workload
+    python bench/sim.py --mechanisms agentic --loads 1,2 --seeds 0,1,2  # what each JITServe part costs
 
 Writes `<out>/ratios.md` (the tables of docs/benchmarks/sim.md) and `<out>/sweep.json`.
 """
@@ -202,6 +205,145 @@ def placements(rate: float, duration: float, replicas: int, admission: bool | No
     return 0
 
 
+def suite_run(
+    out: Path, seeds: list[int], loads: list[float] | None, workloads: list[str] | None, scale: float
+) -> int:
+    """The workload suite (sim/suite.py): writes <out>/suite.json and <out>/suite.md."""
+    from jitserve.sim import suite
+
+    chosen = tuple(w for w in suite.SUITE if not workloads or w.name in workloads)
+    t0, c0 = time.perf_counter(), time.process_time()
+    doc = suite.run_suite(
+        workloads=chosen,
+        loads=tuple(loads or suite.LOADS),
+        seeds=tuple(seeds),
+        duration_scale=scale,
+        log=lambda m: print(f"{m} (total {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True),
+    )
+    doc["wall_s"] = time.perf_counter() - t0
+    doc["cpu_s"] = time.process_time() - c0  # one process, one core: the budget (<= 25 minutes)
+    suite.write(doc, out)
+    print(suite.suite_markdown(doc))
+    print(f"wall {doc['wall_s']:.0f} s, cpu {doc['cpu_s']:.0f} s; {out / 'suite.json'}, {out / 'suite.md'}")
+    return 0
+
+
+def saturation(names: list[str]) -> int:
+    """vLLM FCFS's saturation rate per replica on each workload (sim/suite.py: saturation_rate)."""
+    from jitserve.sim import suite
+    from jitserve.sim.workload import load_workload
+
+    by_name = {w.name: w for w in suite.SUITE}
+    for name in names:
+        spec = load_workload(name)
+        w = by_name.get(name)
+        replicas = w.replicas if w and w.replicas else spec.replicas
+        duration = 120.0 if replicas >= 8 else 300.0
+        sat = suite.saturation_rate(spec, replicas=replicas, duration_s=duration, start=0.5)
+        print(f"{name}: {sat:.3f} requests/s per replica ({replicas} replicas, {duration:g} s windows)")
+    return 0
+
+
+def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) -> int:
+    """What each of JITServe's mechanisms costs or earns on a workload: the deployed JITServe, then one
+    mechanism switched off (or changed) per variant, on the same arrivals; the best baseline for scale.
+    Token goodput and per-class attainment, means over seeds."""
+    import dataclasses
+    import statistics
+
+    from jitserve.scheduler.policy import GMAXPolicy
+    from jitserve.sim import policies, suite
+    from jitserve.sim.runner import RunConfig, compare, make_bounds
+    from jitserve.sim.workload import load_workload
+
+    class NoMidframe(GMAXPolicy):
+        @property
+        def preempts_midframe(self) -> bool:  # type: ignore[override]
+            return False
+
+    def jit(**over: Any):  # type: ignore[no-untyped-def]
+        def build(ctx):  # type: ignore[no-untyped-def]
+            setup = policies._jitserve(ctx, False)
+            params = setup.policy.params  # type: ignore[attr-defined]
+            if "params" in over:
+                params = dataclasses.replace(params, **over.pop("params"))
+            policy = (NoMidframe if over.pop("no_midframe", False) else GMAXPolicy)(params=params)
+            return dataclasses.replace(setup, policy=policy, **over)
+
+        return build
+
+    variants: dict[str, Any] = {
+        "m:no-preemption": jit(params={"preemption": "never"}),
+        "m:no-midframe-preemption": jit(no_midframe=True),
+        "m:one-token-admission (no busy rule)": jit(busy_share=float("inf")),
+        "m:bound-admission": jit(busy_share=0.0),
+        "m:B=max_num_seqs": lambda ctx: jit(params={"batch_size": ctx.batch_size})(ctx),
+        "m:least-load placement (no admission)": jit(placement="least-load", router_admission=False),
+    }
+    policies.FACTORIES.update(variants)
+    spec = load_workload(name)
+    w = {x.name: x for x in suite.SUITE}.get(name)
+    replicas = (w.replicas if w else None) or spec.replicas
+    duration = (w.duration_s if w else spec.duration_s) * scale
+    sat = spec.arrivals.saturation_per_replica or spec.arrivals.rate_per_replica
+    # the baselines the issue names (EDF, Sarathi-Serve, SLOs-Serve, Tempo) and vLLM FCFS
+    baselines = ["vllm", "sarathi", "edf", "slos-serve", "tempo"]
+    base_names = ["jitserve", *variants, "jitserve-paper", "jitserve-oracle", *baselines]
+    no_drop = spec.model_copy(update={"slo": spec.slo.model_copy(update={"waiting_time": 1e4})})
+    for load in loads:
+        rows: dict[str, list[Any]] = {}
+        for seed in seeds:
+            cfg = RunConfig(
+                rate_per_replica=load * sat,
+                replicas=replicas,
+                duration_s=duration,
+                seed=seed,
+                predictor="conditional",
+            )
+            bounds = make_bounds(spec, cfg, seed)
+            runs = compare(spec, base_names, cfg, bounds=bounds)
+            runs["m:no-router-admission"] = compare(
+                spec, ["jitserve"], dataclasses.replace(cfg, router_admission=False), bounds=bounds
+            )["jitserve"]
+            runs["m:no-waiting-drop"] = compare(no_drop, ["jitserve"], cfg, bounds=bounds)["jitserve"]
+            for k, rep in runs.items():
+                rows.setdefault(k, []).append(rep)
+        best = max(baselines, key=lambda b: statistics.fmean(r.token_goodput for r in rows[b]))
+        ref = statistics.fmean(r.token_goodput for r in rows["jitserve"])
+        print(
+            f"\n{name} at load {load:g} ({load * sat:.3f} req/s per replica, {replicas} replicas, "
+            f"{duration:g} s, seeds {seeds}); best baseline: {best}"
+        )
+        print(
+            "| variant | token goodput | vs JITServe | per class attainment | rejected | dropped "
+            "| preempt/replica-s |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        show = [
+            "jitserve",
+            *[k for k in rows if k.startswith("m:")],
+            "jitserve-paper",
+            "jitserve-oracle",
+            best,
+            "vllm",
+        ]
+        for k in show:
+            reps = rows[k]
+            tok = statistics.fmean(r.token_goodput for r in reps)
+            att = ", ".join(
+                f"{c} {statistics.fmean(r.attainment.get(c, 0.0) for r in reps):.2f}"
+                for c in sorted(reps[0].attainment)
+            )
+            print(
+                f"| {k.removeprefix('m:')} | {tok:.0f} | {tok / ref if ref else float('nan'):.2f} | {att} | "
+                f"{statistics.fmean(r.rejected for r in reps):.0f} | "
+                f"{statistics.fmean(r.dropped for r in reps):.0f} | "
+                f"{statistics.fmean(r.preemptions_per_replica_s for r in reps):.2f} |",
+                flush=True,
+            )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -229,8 +371,47 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RATES",
         help="place()'s busy-replica rule for short-reply requests vs one-token and bound admission",
     )
-    parser.add_argument("--seeds", default="0", help="with --busy-rule: workload seeds (paired across rules)")
+    parser.add_argument(
+        "--seeds", default="0", help="with --busy-rule, --suite, --mechanisms: workload seeds"
+    )
+    parser.add_argument(
+        "--suite", action="store_true", help="every workload x load x policy x seed (sim/suite.py)"
+    )
+    parser.add_argument(
+        "--loads", help="with --suite, --mechanisms: multiples of saturation (default 0.5,1,1.5,2)"
+    )
+    parser.add_argument("--workloads", help="with --suite: only these workloads (comma-separated)")
+    parser.add_argument(
+        "--duration-scale",
+        type=float,
+        default=1.0,
+        help="with --suite, --mechanisms: scale the arrival windows",
+    )
+    parser.add_argument("--saturation", metavar="WORKLOADS", help="measure vLLM FCFS's saturation rate")
+    parser.add_argument(
+        "--merge",
+        metavar="DIRS",
+        help="merge --suite outputs of disjoint seeds (comma-separated dirs) into --out",
+    )
+    parser.add_argument("--mechanisms", metavar="WORKLOAD", help="JITServe with each mechanism switched off")
     args = parser.parse_args(argv)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    loads = [float(x) for x in args.loads.split(",")] if args.loads else None
+    if args.suite:
+        workloads = args.workloads.split(",") if args.workloads else None
+        return suite_run(args.out, seeds, loads, workloads, args.duration_scale)
+    if args.saturation:
+        return saturation(args.saturation.split(","))
+    if args.merge:
+        from jitserve.sim import suite
+
+        doc = suite.merge([json.loads((Path(d) / "suite.json").read_text()) for d in args.merge.split(",")])
+        suite.write(doc, args.out)
+        print(suite.suite_markdown(doc))
+        print(f"cpu {doc.get('cpu_s', 0):.0f} s over {len(args.merge.split(','))} processes")
+        return 0
+    if args.mechanisms:
+        return mechanisms(args.mechanisms, loads or [1.0, 2.0], seeds, args.duration_scale)
     if args.scale:
         return scale_run()
     if args.diagnose:

@@ -57,11 +57,11 @@ class SuiteWorkload:
 # Durations keep the whole sweep (5 workloads x 4 loads x 14 policies x 3 seeds) under 25 minutes on one
 # core: each run offers a few hundred requests at load 1.0 (docs/benchmarks/sim.md, "Workload suite").
 SUITE = (
-    SuiteWorkload("paper-mix", 240.0, replicas=1),
-    SuiteWorkload("chat-heavy", 90.0),
-    SuiteWorkload("agentic", 90.0),
-    SuiteWorkload("bursty", 150.0),
-    SuiteWorkload("agentic-fleet", 40.0),
+    SuiteWorkload("paper-mix", 120.0, replicas=1),
+    SuiteWorkload("chat-heavy", 30.0),
+    SuiteWorkload("agentic", 60.0),
+    SuiteWorkload("bursty", 40.0),
+    SuiteWorkload("agentic-fleet", 25.0),
 )
 
 
@@ -171,13 +171,16 @@ def run_suite(
             base = RunConfig(replicas=replicas, duration_s=duration, seed=seed, predictor=predictor)
             bounds = make_bounds(spec, base, seed)
             for load in loads:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 cfg = dataclasses.replace(base, rate_per_replica=load * sat)
                 reports = compare(spec, list(policies), cfg, bounds=bounds)
                 cell = entry["by_load"].setdefault(f"{load:g}", {})
                 cell[str(seed)] = {name: _summary(rep) for name, rep in reports.items()}
                 if log:
-                    log(f"{w.name} load {load:g} seed {seed}: {time.perf_counter() - t0:.1f} s")
+                    log(
+                        f"{w.name} load {load:g} seed {seed}: wall {time.perf_counter() - t0:.1f} s, "
+                        f"cpu {time.process_time() - c0:.1f} s"
+                    )
         doc["workloads"][w.name] = entry
     return doc
 
@@ -300,6 +303,23 @@ def absolute_markdown(doc: dict[str, Any]) -> str:
             cells = [f"{_mean(runs, p, lambda r: r['token_goodput']):.0f}" for p in policies]
             lines.append(f"| {name} | {load} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One document from runs of the same suite over disjoint seeds (parallel processes)."""
+    out = json.loads(json.dumps(docs[0]))
+    for doc in docs[1:]:
+        if doc["policies"] != out["policies"] or doc["loads"] != out["loads"]:
+            raise ValueError("merge: the documents ran different policies or loads")
+        out["seeds"] = sorted(set(out["seeds"]) | set(doc["seeds"]))
+        for name, w in doc["workloads"].items():
+            dest = out["workloads"].setdefault(name, json.loads(json.dumps(w)))
+            for load, runs in w["by_load"].items():
+                dest["by_load"].setdefault(load, {}).update(runs)
+        for key in ("wall_s", "cpu_s"):
+            if key in doc:
+                out[key] = out.get(key, 0.0) + doc[key]
+    return out
 
 
 def write(doc: dict[str, Any], out: Path) -> None:

@@ -144,3 +144,21 @@ def test_suite_writes_per_workload_load_class_numbers_and_the_goals_table(tmp_pa
     table = (tmp_path / "suite.md").read_text()
     assert "| chat-heavy | 1 |" in table and "cells meet every goal" in table
     assert (tmp_path / "suite.json").stat().st_size > 0
+
+
+def test_runs_over_disjoint_seeds_merge_into_one_document() -> None:
+    def doc(seed: str) -> dict:
+        runs = {seed: _runs(ours=300, best=250, fcfs_latency=40, oracle=310)["0"]}
+        return {
+            "policies": POLICIES,
+            "loads": [1.0],
+            "seeds": [int(seed)],
+            "cpu_s": 10.0,
+            "workloads": {"w": {"saturation_per_replica": 1.0, "by_load": {"1": runs}}},
+        }
+
+    merged = suite.merge([doc("0"), doc("1")])
+    assert merged["seeds"] == [0, 1] and merged["cpu_s"] == 20.0
+    assert sorted(merged["workloads"]["w"]["by_load"]["1"]) == ["0", "1"]
+    with pytest.raises(ValueError, match="different"):
+        suite.merge([doc("0"), {**doc("1"), "loads": [2.0]}])
