@@ -283,7 +283,7 @@ def test_a_sigstopped_engine_ends_its_streams_retries_what_had_no_answer_and_get
     other = FakeEngine("other", state=loaded_state("other", queue_delay_s=30.0)).start()
     try:
         r = start_router(
-            "--engines", f"{hung.url},{other.url}", "--poll-timeout", "0.5", "--unresponsive-timeout", "2",
+            "--engines", f"{hung.url},{other.url}", "--poll-timeout", "0.5", "--unresponsive-timeout", "5",
             ready=2,
         )  # fmt: skip
         body = {"model": MODEL, "prompt": "x", "max_tokens": 2000, "stream": True, "slo_class": "deadline"}
@@ -294,6 +294,8 @@ def test_a_sigstopped_engine_ends_its_streams_retries_what_had_no_answer_and_get
             lines = running.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))  # tokens flow
             hung.pause()  # SIGSTOP: connections still open, nothing answers any more
+            # (found hung no sooner than --poll-timeout + --unresponsive-timeout = 5.5 s from now: the two
+            # requests below reach it well before, so both must be retried)
             # requests sent now reach `hung` (not detected yet) and get nothing back: they must be
             # retried on `other`, a unary one and a stream alike (the client had nothing yet)
             results: dict[str, httpx.Response] = {}
