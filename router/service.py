@@ -251,7 +251,7 @@ class Router:
         )
         try:
             if slo.type is SLOType.BEST_EFFORT:
-                return await self._best_effort(inbound, new, slo_class, overload, tenant, plan)
+                return await self._best_effort(inbound, new, slo_class, overload, tenant, plan, request)
             return await self._dispatch(inbound, new, slo_class, overload, tenant, plan)
         except RouterError as err:
             if inbound.program_id is not None and plan is not None:
@@ -267,6 +267,7 @@ class Router:
         overload: OverloadAction,
         tenant: str,
         plan: StagePlan | None,
+        request: Request,
     ) -> Response:
         """Best-effort: wait in the bounded FIFO for room at the engines (429 queue_full when it is
         full), then dispatch; the slot is held until the response (or stream) ends."""
@@ -282,7 +283,7 @@ class Router:
         if fut is not None:
             self.metrics.best_effort_queued.set(self.be_queue.queued)
             try:
-                await self._await_slot(fut, inbound.model)
+                await self._await_slot(fut, inbound.model, request)
             except BaseException:
                 self.be_queue.cancel(fut)
                 raise
@@ -307,26 +308,40 @@ class Router:
             leave()
         return response
 
-    async def _await_slot(self, fut: asyncio.Future[None], model: str) -> None:
+    async def _await_slot(self, fut: asyncio.Future[None], model: str, request: Request) -> None:
         """Wait for a best-effort slot. While some engine is usable there is no time limit (best-effort
-        is never dropped for waiting); with none usable for --best-effort-max-wait, a 503 no_replica."""
+        is never dropped for waiting); with none usable for --best-effort-max-wait, a 503 no_replica.
+        A client that leaves while queued gives its place up (no ghost requests after a burst whose
+        clients timed out)."""
         check_s = min(5.0, self.config.best_effort_max_wait_s)  # thousands may wait: look up rarely
         waited_without_engine = 0.0
-        while True:
-            done, _ = await asyncio.wait((fut,), timeout=check_s)
-            if done:
-                return
-            if any(r.serves(model) for r in self.pool.usable()):
-                waited_without_engine = 0.0
-                continue
-            waited_without_engine += check_s
-            if waited_without_engine >= self.config.best_effort_max_wait_s:
-                self.metrics.child(self.metrics.drops, "best-effort", "no_replica").inc()
-                raise unavailable(
-                    f"no engine replica is available for model {model!r} within "
-                    f"{self.config.best_effort_max_wait_s:g}s",
-                    "no_replica",
+        # The body is read: the next ASGI message can only be the disconnect.
+        gone = asyncio.get_running_loop().create_task(request.receive())
+        try:
+            while True:
+                done, _ = await asyncio.wait(
+                    (fut, gone), timeout=check_s, return_when=asyncio.FIRST_COMPLETED
                 )
+                if fut in done:
+                    return
+                if gone in done:
+                    self.metrics.child(self.metrics.drops, "best-effort", "client_disconnect").inc()
+                    raise RouterError(
+                        499, "client closed the request while it was queued", code="client_gone"
+                    )
+                if any(r.serves(model) for r in self.pool.usable()):
+                    waited_without_engine = 0.0
+                    continue
+                waited_without_engine += check_s
+                if waited_without_engine >= self.config.best_effort_max_wait_s:
+                    self.metrics.child(self.metrics.drops, "best-effort", "no_replica").inc()
+                    raise unavailable(
+                        f"no engine replica is available for model {model!r} within "
+                        f"{self.config.best_effort_max_wait_s:g}s",
+                        "no_replica",
+                    )
+        finally:
+            gone.cancel()
 
     def best_effort_slots(self) -> int:
         """Best-effort requests the usable engines may hold at once (--best-effort-slots per engine, or

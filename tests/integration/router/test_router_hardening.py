@@ -467,3 +467,34 @@ def test_an_engine_whose_scheduler_is_stuck_is_found_by_its_unmoving_report(
     assert resp.status_code == 200 and resp.headers["x-jitserve-pod"] == b.url.split("://")[1]
     a.mode, a.frozen_updated_at = "ok", None  # it steps again: back in the pool
     wait_until(lambda: health(r, a.url) == "fresh", "the recovered engine back in the pool")
+
+
+def test_a_client_that_leaves_the_best_effort_queue_gives_its_place_up(
+    start_router: Callable[..., RunningRouter],
+) -> None:
+    engine = FakeEngine("one", tokens=1000, token_delay_s=0.05).start()
+    try:
+        r = start_router("--engines", engine.url, "--best-effort-slots", "1", ready=1)
+        with httpx.stream(
+            "POST",
+            r.url + "/v1/completions",
+            json={"model": MODEL, "prompt": "x", "max_tokens": 1000, "stream": True},
+            timeout=60,
+        ) as holder:
+            chunks = holder.iter_raw()
+            assert next(chunks)  # holds the only slot
+            with pytest.raises(httpx.ReadTimeout):  # queued behind it; this client gives up
+                httpx.post(r.url + "/v1/completions", json={"model": MODEL, "prompt": "ghost"}, timeout=1.0)
+            wait_until(
+                lambda: metric(r, "jitserve_router_best_effort_queued") == 0, "the ghost left the queue"
+            )
+            assert (
+                metric(r, 'jitserve_router_drops_total{reason="client_disconnect",slo_class="best-effort"}')
+                == 1
+            )
+        # the holder is gone too: the next request is served at once, and the ghost never reached the engine
+        resp = post(r, {"model": MODEL, "prompt": "after", "max_tokens": 1}, path="/v1/completions")
+        assert resp.status_code == 200
+        assert [b["prompt"] for b in engine.received] == ["x", "after"]
+    finally:
+        engine.stop()
