@@ -891,16 +891,27 @@ def plot(data: dict[str, Any], path: Path) -> None:
                 ax.grid(axis="y", alpha=0.3)
                 if metric == "attainment":
                     ax.set_ylim(0, 1.05)
-                if i == 0 and j == 0 and m == 0:
-                    ax.legend(fontsize=7)
     sat = data.get("saturation", {})
     fig.suptitle(
         f"{data.get('model_name', '')}, {data.get('engines')} engines per stack, "
         f"{data.get('duration_s')} s runs; stock saturation {sat.get('tokens_per_s', 0):.0f} tok/s; "
         "bars: median, whiskers: min-max over seeds",
         fontsize=10,
+        y=0.998,
     )
-    fig.tight_layout()
+    from matplotlib.patches import Patch
+
+    handles = [
+        Patch(color=colors.get(s), label=f"{s}: {data['stacks'][s].split(') ', 1)[-1]}") for s in stacks
+    ]
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        ncol=min(3, len(handles)),
+        fontsize=8,
+        bbox_to_anchor=(0.5, 0.985),
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.955))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
