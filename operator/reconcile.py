@@ -7,6 +7,7 @@ No API calls and no clock here (`now` is an argument), so every branch is unit-t
 from __future__ import annotations
 
 import datetime
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -364,9 +365,36 @@ def transition_events(
     return list(dict.fromkeys(events))
 
 
+def parse_router_metrics(text: str) -> dict[str, dict[str, float]]:
+    """The router's Prometheus `GET /metrics` (keyless) -> {class: {"goodput", "attainment"}}, from its
+    per-class gauges over the status window (router/metrics.py: ClassWindowCollector). Classes without
+    a goodput gauge are left out; a malformed exposition reads as no classes."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from jitserve.router.metrics import CLASS_ATTAINMENT, CLASS_GOODPUT
+
+    keys = {CLASS_GOODPUT: "goodput", CLASS_ATTAINMENT: "attainment"}
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            key = keys.get(family.name)
+            if key is None:
+                continue
+            for sample in family.samples:
+                name = sample.labels.get("slo_class")
+                if sample.name == family.name and name and math.isfinite(sample.value):
+                    out.setdefault(name, {})[key] = float(sample.value)
+    except ValueError:  # not an exposition (an HTML error page, a proxy's answer)
+        return {}
+    return {name: row for name, row in out.items() if "goodput" in row}
+
+
 def parse_router_report(payload: Any) -> list[dict[str, Any]]:
-    """The router's `GET /jitserve/status` -> status.classes, tolerating the shapes a router may send:
+    """The router's report -> status.classes. A string is its Prometheus `/metrics` (what the operator
+    reads: no API key needed); JSON is `GET /jitserve/status`, in the shapes a router may send:
     {"classes": {name: {...}}}, {"classes": [{"name": ...}]}, or {name: {...}} at the top level."""
+    if isinstance(payload, str):
+        payload = parse_router_metrics(payload)
     if isinstance(payload, dict) and "classes" in payload:
         payload = payload["classes"]
     items: list[tuple[str, Any]]

@@ -27,8 +27,11 @@ from jitserve.operator.reconcile import (
 
 log = logging.getLogger("jitserve.operator")
 
-# Router status URL; {service}, {namespace}, {port}, {pool} are filled in per pool.
-DEFAULT_ROUTER_STATUS_URL = "http://{service}.{namespace}.svc.cluster.local:{port}/jitserve/status"
+# Where the per-class goodput is read; {service}, {namespace}, {port}, {pool} are filled in per pool.
+# The router's Prometheus /metrics, not /jitserve/status: /metrics answers without an API key and names
+# no engine addresses, so a pool with `spec.router.authSecret` keeps its goodput figures and the
+# operator holds no key (docs/decisions/operator.md, "Goodput without a key").
+DEFAULT_ROUTER_STATUS_URL = "http://{service}.{namespace}.svc.cluster.local:{port}/metrics"
 
 
 def utcnow() -> str:
@@ -300,11 +303,14 @@ def _with_nulls(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 def _http_get_json(url: str) -> Any:
+    """JSON when the answer is JSON (a `/jitserve/status` URL), else the text (Prometheus `/metrics`)."""
     import httpx
 
     resp = httpx.get(url, timeout=2.0)
     resp.raise_for_status()
-    return resp.json()
+    if "json" in resp.headers.get("content-type", ""):
+        return resp.json()
+    return resp.text
 
 
 __all__ = ["ApiError", "Reconciler", "Result", "TransientApiError"]

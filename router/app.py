@@ -193,6 +193,9 @@ def create_app(router: Router, background: list[Callable[[], Awaitable[None]]] |
             return JSONResponse({"status": "not ready", "reason": reason, "replicas": counts}, 503)
         return JSONResponse({"status": "ready", "replicas": counts})
 
+    # the per-class goodput the operator copies into ServingPool status, on the keyless /metrics
+    router.metrics.watch_class_window(lambda: router.accounting.status(router.clock()))
+
     @app.get("/metrics", response_model=None)
     async def metrics() -> Response:
         for health, n in router.pool.health_counts().items():
