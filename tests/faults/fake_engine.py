@@ -74,9 +74,16 @@ class TrackingEngine(FakeEngine):
 class TrackingEngineProcess(FakeEngineProcess):
     """A TrackingEngine in a process of its own: `kill()` is kill -9, `pause()` SIGSTOP."""
 
-    def start(self, timeout: float = 30.0) -> TrackingEngineProcess:
+    def start(self, timeout: float = 60.0) -> TrackingEngineProcess:
+        return self.launch().wait_started(timeout)
+
+    def launch(self) -> TrackingEngineProcess:
+        """Start the process and return at once (start several, then wait for each)."""
         cmd = [sys.executable, __file__, self.name, str(self.port), str(self.tokens), str(self.token_delay_s)]
         self.proc = subprocess.Popen(cmd)
+        return self
+
+    def wait_started(self, timeout: float = 60.0) -> TrackingEngineProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:

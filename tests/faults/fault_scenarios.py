@@ -164,7 +164,11 @@ class RouterProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, ready: int = 1, timeout: float = 60.0) -> RouterProcess:
+    def start(self, ready: int = 1, timeout: float = 90.0) -> RouterProcess:
+        return self.launch().wait_ready(ready, timeout)
+
+    def launch(self) -> RouterProcess:
+        """Start the process and return at once (it polls its engines until they answer)."""
         cmd = [
             sys.executable,
             "-m",
@@ -178,6 +182,11 @@ class RouterProcess:
         cmd += ["--engines", ",".join(self.engines), "--log-level", "warning", *self.args]
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_ready(self, ready: int = 1, timeout: float = 90.0) -> RouterProcess:
+        """Until `ready` engines are usable (the router has polled them)."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
@@ -221,11 +230,16 @@ class RouterProcess:
 
 @contextlib.contextmanager
 def engines(*specs: tuple[str, int, float]) -> Iterator[list[TrackingEngineProcess]]:
-    """Start FAKE engine processes (name, tokens, token delay); always stopped (SIGCONT first) at the end."""
-    started: list[TrackingEngineProcess] = []
+    """Start FAKE engine processes (name, tokens, token delay) side by side; always stopped (SIGCONT
+    first) at the end."""
+    started = [
+        TrackingEngineProcess(name, tokens=tokens, token_delay_s=delay) for name, tokens, delay in specs
+    ]
     try:
-        for name, tokens, delay in specs:
-            started.append(TrackingEngineProcess(name, tokens=tokens, token_delay_s=delay).start())
+        for e in started:
+            e.launch()
+        for e in started:
+            e.wait_started()
         yield started
     finally:
         for e in started:
@@ -239,6 +253,29 @@ def router(engine_urls: list[str], *args: str, ready: int = 1) -> Iterator[Route
         yield r.start(ready=ready)
     finally:
         r.stop()
+
+
+@contextlib.contextmanager
+def stack(
+    specs: list[tuple[str, int, float]], *args: str
+) -> Iterator[tuple[RouterProcess, list[TrackingEngineProcess]]]:
+    """Engines and a router in front of all of them, their processes started side by side (on a loaded
+    machine each takes seconds just to import), the router ready with every engine usable."""
+    started = [
+        TrackingEngineProcess(name, tokens=tokens, token_delay_s=delay) for name, tokens, delay in specs
+    ]
+    r = RouterProcess([e.url for e in started], list(args))
+    try:
+        for e in started:
+            e.launch()
+        r.launch()
+        for e in started:
+            e.wait_started()
+        yield r.wait_ready(len(started)), started
+    finally:
+        r.stop()
+        for e in started:
+            e.stop()
 
 
 class RssSampler:
@@ -344,7 +381,7 @@ def engine_killed(streams: int = 40, tokens: int = 60, delay: float = 0.05) -> S
     both; then `streams // 4` more requests. Streams that had sent tokens end with an error event,
     the others are retried on the survivor."""
     res = ScenarioResult("engine kill -9 under load", KILLED_ENGINE_BOUND_S)
-    with engines(("a", tokens, delay), ("b", tokens, delay)) as (a, b), router([a.url, b.url], ready=2) as r:
+    with stack([("a", tokens, delay), ("b", tokens, delay)]) as (r, (a, b)):
         res.rss_before = r.rss()
         bodies = [body(i, tokens, slo=i % 2 == 1) for i in range(streams)]
         with RssSampler(r) as rss:
@@ -360,11 +397,11 @@ def engine_killed(streams: int = 40, tokens: int = 60, delay: float = 0.05) -> S
     return res
 
 
-def engine_stopped(streams: int = 30, tokens: int = 120, delay: float = 0.05) -> ScenarioResult:
+def engine_stopped(streams: int = 30, tokens: int = 80, delay: float = 0.05) -> ScenarioResult:
     """SIGSTOP one of two engines while streams run on both (default router flags: the documented
     bound applies); requests keep arriving across the stop for 2 s."""
     res = ScenarioResult("engine SIGSTOP under load", HUNG_ENGINE_BOUND_S)
-    with engines(("a", tokens, delay), ("b", tokens, delay)) as (a, b), router([a.url, b.url], ready=2) as r:
+    with stack([("a", tokens, delay), ("b", tokens, delay)]) as (r, (a, b)):
         res.rss_before = r.rss()
         bodies = [body(i, tokens, slo=i % 2 == 1) for i in range(streams)]
         stopped: list[float] = []
@@ -395,8 +432,10 @@ def router_killed(streams: int = 6) -> ScenarioResult:
     client go (it stops generating: vLLM aborts such a request). A new router then serves again."""
     res = ScenarioResult("router kill -9 mid-stream", None)
     with engines(("a", 100_000, 0.05)) as (a,):
-        r = RouterProcess([a.url]).start()
+        # the router that takes over afterwards starts beside the first (a process start takes seconds here)
+        r, r2 = RouterProcess([a.url]).launch(), RouterProcess([a.url]).launch()
         try:
+            r.wait_ready()
             res.rss_before = r.rss()
 
             async def go() -> list[Outcome]:
@@ -428,12 +467,12 @@ def router_killed(streams: int = 6) -> ScenarioResult:
                     return [left, *await asyncio.gather(*tasks)]
 
             res.outcomes = asyncio.run(go())
+            res.figures["engine_stats"] = a.stats()
+            again = asyncio.run(_gather_streams(r2.wait_ready().url, [body(0, 4)]))
+            res.figures["new_router_serves"] = again[0].kind
         finally:
             r.stop()
-        res.figures["engine_stats"] = a.stats()
-        with router([a.url]) as r2:
-            again = asyncio.run(_gather_streams(r2.url, [body(0, 4)]))
-        res.figures["new_router_serves"] = again[0].kind
+            r2.stop()
     return res
 
 
@@ -442,7 +481,7 @@ def burst(streams: int = 2000, tokens: int = 2) -> ScenarioResult:
     """`streams` plain (best-effort) streams at once against two engines: all queue in the router's
     best-effort queue (2048) and are served, none is refused or marked failed, no engine goes down."""
     res = ScenarioResult(f"burst of {streams} streams", None)
-    with engines(("a", tokens, 0.0), ("b", tokens, 0.0)) as (a, b), router([a.url, b.url], ready=2) as r:
+    with stack([("a", tokens, 0.0), ("b", tokens, 0.0)]) as (r, (a, b)):
         res.rss_before = r.rss()
         t0 = time.monotonic()
         with RssSampler(r) as rss:
@@ -508,7 +547,7 @@ class OperatorProcess:
                 self.kill()
 
 
-def operator_killed(pools: int = 12) -> ScenarioResult:
+def operator_killed(pools: int = 8) -> ScenarioResult:
     """Apply `pools` ServingPools, SIGKILL the operator as soon as the first child exists (mid-reconcile:
     the rest is not created yet), start it again: every pool converges (all children, Ready, status of
     its generation) with exactly one of each child, none duplicated or orphaned."""

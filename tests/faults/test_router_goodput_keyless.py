@@ -10,13 +10,13 @@ import httpx
 
 from jitserve.operator.reconcile import parse_router_report
 from jitserve.operator.reconciler import DEFAULT_ROUTER_STATUS_URL, _http_get_json
-from tests.faults.fault_scenarios import body, engines, router, session, stream_one
+from tests.faults.fault_scenarios import body, session, stack, stream_one
 
 
 def test_the_operator_reads_goodput_from_a_router_with_keys_without_a_key(tmp_path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("sk-alpha team-a\n")
-    with engines(("a", 4, 0.0)) as (a,), router([a.url], "--auth-file", str(keys)) as r:
+    with stack([("a", 4, 0.0)], "--auth-file", str(keys)) as (r, _):
 
         async def served() -> str:
             async with session() as s:
