@@ -219,6 +219,7 @@ def suite_run(
         seeds=tuple(seeds),
         duration_scale=scale,
         log=lambda m: print(f"{m} (total {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True),
+        checkpoint=lambda d: suite.write({**d, "cpu_s": time.process_time() - c0, "partial": True}, out),
     )
     doc["wall_s"] = time.perf_counter() - t0
     doc["cpu_s"] = time.process_time() - c0  # one process, one core: the budget (<= 25 minutes)

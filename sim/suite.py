@@ -143,6 +143,7 @@ def run_suite(
     predictor: str = "conditional",
     duration_scale: float = 1.0,
     log: Callable[[str], None] | None = None,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Every workload x load x seed x policy. Returns the JSON document (see the module docstring)."""
     doc: dict[str, Any] = {
@@ -167,6 +168,7 @@ def run_suite(
             "duration_s": duration,
             "by_load": {},
         }
+        doc["workloads"][w.name] = entry
         for seed in seeds:
             base = RunConfig(replicas=replicas, duration_s=duration, seed=seed, predictor=predictor)
             bounds = make_bounds(spec, base, seed)
@@ -181,7 +183,8 @@ def run_suite(
                         f"{w.name} load {load:g} seed {seed}: wall {time.perf_counter() - t0:.1f} s, "
                         f"cpu {time.process_time() - c0:.1f} s"
                     )
-        doc["workloads"][w.name] = entry
+                if checkpoint:  # what is done so far, in case the sweep is stopped
+                    checkpoint(doc)
     return doc
 
 
