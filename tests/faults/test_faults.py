@@ -48,8 +48,8 @@ def test_kill_9_an_engine_under_load() -> None:
     assert_nothing_lost(res)
     assert_waits_bounded(res)
     assert_memory_bounded(res)
-    # streams that had tokens from the killed engine end with an error event; nothing else fails
-    assert set(res.codes()) <= {"upstream_failed", "slo_unattainable", "waiting_time_exceeded"}, res.codes()
+    # the streams that had tokens from the killed engine end with an error event, the rest complete
+    assert res.kinds.get("error_event", 0) >= 1 and res.kinds.get("completed", 0) >= 1, res.kinds
     assert res.figures["router_saw_down"] == "down"
     assert res.figures["after_kill_on_survivor"] == res.figures["after_kill"]  # nothing new to the dead one
 
