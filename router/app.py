@@ -193,11 +193,10 @@ def create_app(router: Router, background: list[Callable[[], Awaitable[None]]] |
             return JSONResponse({"status": "not ready", "reason": reason, "replicas": counts}, 503)
         return JSONResponse({"status": "ready", "replicas": counts})
 
-    # the per-class goodput the operator copies into ServingPool status, on the keyless /metrics
-    router.metrics.watch_class_window(lambda: router.accounting.status(router.clock()))
-
     @app.get("/metrics", response_model=None)
     async def metrics() -> Response:
+        # the per-class goodput the operator copies into ServingPool status, on the keyless /metrics
+        router.metrics.set_class_window(router.accounting.status(router.clock()))
         for health, n in router.pool.health_counts().items():
             router.metrics.replicas.labels(health).set(n)
         return Response(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 # `_created` series double the exposition size and no dashboard here reads them.
@@ -61,36 +61,6 @@ class BulkHistogram:
 # /metrics (no API key needed, no engine addresses) so the operator reads them with no key of its own.
 CLASS_GOODPUT = "jitserve_router_class_goodput_tokens_per_second"
 CLASS_ATTAINMENT = "jitserve_router_class_slo_attainment_ratio"
-
-
-class ClassWindowCollector:
-    """Per-class goodput (tokens/s) and SLO attainment over the status window, read at scrape time from
-    the same accounting as `GET /jitserve/status` (a class with nothing finished in the window has no
-    attainment sample)."""
-
-    def __init__(self, source: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
-        self.source = source
-
-    def describe(self) -> list[Metric]:
-        return []  # registering must not call `source` (the router may not be serving yet)
-
-    def collect(self) -> Iterator[Metric]:
-        goodput = GaugeMetricFamily(
-            CLASS_GOODPUT,
-            "Token goodput per second over the status window, by SLO class",
-            labels=["slo_class"],
-        )
-        attainment = GaugeMetricFamily(
-            CLASS_ATTAINMENT,
-            "Share of the requests finished in the status window that met their SLO, by SLO class",
-            labels=["slo_class"],
-        )
-        for name, row in self.source().items():
-            goodput.add_metric([name], float(row.get("goodput") or 0.0))
-            if row.get("attainment") is not None:
-                attainment.add_metric([name], float(row["attainment"]))
-        yield goodput
-        yield attainment
 
 
 class RouterMetrics:
@@ -215,12 +185,26 @@ class RouterMetrics:
             ["result"],
             registry=r,
         )
-        self._class_window: ClassWindowCollector | None = None
+        self.class_goodput = Gauge(
+            CLASS_GOODPUT,
+            "Token goodput per second over the status window, by SLO class (set at each scrape)",
+            ["slo_class"],
+            registry=r,
+        )
+        self.class_attainment = Gauge(
+            CLASS_ATTAINMENT,
+            "Share of the requests finished in the status window that met their SLO, by SLO class "
+            "(set at each scrape; absent while none finished)",
+            ["slo_class"],
+            registry=r,
+        )
 
-    def watch_class_window(self, source: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
-        """Expose `source()` (the status's per-class figures) as gauges; once per registry."""
-        if self._class_window is None:
-            self._class_window = ClassWindowCollector(source)
-            self.registry.register(self._class_window)
-        else:
-            self._class_window.source = source
+    def set_class_window(self, classes: Mapping[str, Mapping[str, Any]]) -> None:
+        """The per-class figures of `GET /jitserve/status` (router/accounting.py: status) as gauges,
+        replacing the last scrape's (a class gone from the table goes from /metrics too)."""
+        self.class_goodput.clear()
+        self.class_attainment.clear()
+        for name, row in classes.items():
+            self.class_goodput.labels(name).set(float(row.get("goodput") or 0.0))
+            if row.get("attainment") is not None:
+                self.class_attainment.labels(name).set(float(row["attainment"]))

@@ -23,7 +23,7 @@ WINDOW: dict[str, dict[str, Any]] = {
 
 def exposition(window: dict[str, dict[str, Any]] = WINDOW) -> str:
     metrics = RouterMetrics()
-    metrics.watch_class_window(lambda: window)
+    metrics.set_class_window(window)  # what the router's /metrics handler does at each scrape
     metrics.child(metrics.goodput, "latency").inc(5)  # other families with an slo_class label are ignored
     return generate_latest(metrics.registry).decode()
 
@@ -47,15 +47,12 @@ def test_the_router_exposes_the_status_figures_as_gauges_and_the_operator_reads_
 
 
 def test_the_gauges_follow_the_window_at_each_scrape() -> None:
-    window: dict[str, dict[str, Any]] = {}
     metrics = RouterMetrics()
-    metrics.watch_class_window(lambda: window)
-    metrics.watch_class_window(lambda: window)  # idempotent: create_app may run twice on one router
+    metrics.set_class_window({})
     assert parse_router_metrics(generate_latest(metrics.registry).decode()) == {}
-    window["latency"] = {"goodput": 3.0, "attainment": 0.5}
-    assert parse_router_metrics(generate_latest(metrics.registry).decode()) == {
-        "latency": {"goodput": 3.0, "attainment": 0.5}
-    }
+    metrics.set_class_window({"latency": {"goodput": 3.0, "attainment": 0.5}, "old": {"goodput": 1.0}})
+    metrics.set_class_window({"latency": {"goodput": 4.0, "attainment": None}})  # "old" left the table
+    assert parse_router_metrics(generate_latest(metrics.registry).decode()) == {"latency": {"goodput": 4.0}}
 
 
 def test_what_is_not_an_exposition_reads_as_no_classes() -> None:
