@@ -22,9 +22,11 @@ import shlex
 import sys
 import tempfile
 
+from jitserve.scheduler.policy import POLICY_NAMES
+
 ADAPTER_CLS = "jitserve.scheduler.vllm_adapter.JITServeScheduler"
 MIDDLEWARE = "jitserve.scheduler.engine.http.JITServeStateMiddleware"
-JITSERVE_POLICIES = ("jitserve", "fcfs", "edf", "sjf", "jitserve-oracle")
+JITSERVE_POLICIES = POLICY_NAMES  # behind the JITServe adapter: the core's list, declared once
 STOCK_POLICIES = ("vllm", "vllm-priority")
 ACCEPTS_EXTRA_ARGS = True
 
