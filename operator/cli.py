@@ -33,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--router-status-url",
         default=os.environ.get("JITSERVE_ROUTER_STATUS_URL"),
-        help="template of the router status URL, with {service} {namespace} {port} {pool} "
-        "(default: the router Service's cluster DNS name)",
+        help="template of the URL the operator reads per-class goodput from (the router's keyless "
+        "Prometheus /metrics), with {service} {namespace} {port} {pool} (default: the router Service's "
+        "cluster DNS name, path /metrics)",
     )
     parser.add_argument(
         "--resync-seconds",
