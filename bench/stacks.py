@@ -1032,7 +1032,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="JSON",
-        help="no engines: print the tables and goals of a JSON written before, and re-plot it",
+        help="no engines: print the tables and goals of a JSON written before, and write it again to OUT",
     )
     return p.parse_args(argv)
 
@@ -1156,8 +1156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report_only:
         data = json.loads(args.report_only.read_text())
-        out = args.out if args.out != Path("docs/benchmarks/stacks") else args.report_only
-        print(report(data, out, None))
+        print(report(data, args.out, None))
         return 0
 
     from tqdm import tqdm
