@@ -138,3 +138,19 @@ def test_below_every_bar_queues_only_if_it_can_start_within_its_waiting_time():
     assert place(req, [long, short], now=0.0).replica == 1
     # time already spent (the router saw it late) counts against its waiting_time
     assert place(req, [short], now=slo.waiting_time * 0.6).replica is None
+
+
+def test_a_busy_replica_measuring_a_short_step_does_not_outrank_an_idle_one():
+    """A replica running a few sequences measures a short step; an idle one reports its prior. Scored
+    as reported, the busy one always looked faster and took every request until it was full (the
+    pile-up of docs/benchmarks/sim.md, "Where JITServe loses")."""
+    busy = replica("busy", step_time_s=0.014, running=3)
+    idle = replica("idle", step_time_s=0.05)
+    p = place(tight(deadline=10.0), [busy, idle], now=0.0)
+    assert p.replica == 1  # equal after the floor: the tie goes to the less loaded replica
+    assert p.priorities[0] == p.priorities[1]
+    # two idle replicas keep their own measured speeds (different hardware is really faster)
+    assert (
+        place(tight(), [replica("slow", step_time_s=0.06), replica("fast", step_time_s=0.02)], 0.0).replica
+        == 1
+    )
