@@ -282,17 +282,7 @@ def _plan_paper(
     preempt_pos = evict_pos[:0]
     if params.preemption != "never" and admit_pos.size > free and evict_pos.size:
         preempt_pos = _worthwhile_preemptions(table, slots, an, speed, params, admit_pos[free:], evict_pos)
-    kept_mask = running_mask.copy()
-    kept_mask[preempt_pos] = False
-    kept_pos = np.flatnonzero(kept_mask)
-    batch_pos = np.concatenate([kept_pos, admit_pos[: max(batch - kept_pos.size, 0)]])
-    return FramePlan(
-        order=slots[order_pos],
-        batch=slots[batch_pos],
-        preempt=slots[preempt_pos],
-        drop=drop,
-        analysis=an,
-    )
+    return _frame_plan(slots, running_mask, preempt_pos, admit_pos, order_pos, batch, drop, an)
 
 
 def _worthwhile_preemptions(
@@ -322,6 +312,31 @@ def _worthwhile_preemptions(
     # victims are sorted by value: once a pair does not pay, later pairs gain less and cost no less
     count = pairs if worth.all() else int(np.argmin(worth))
     return victims[:count]
+
+
+def _frame_plan(
+    slots: np.ndarray,
+    running: np.ndarray,
+    preempt_pos: np.ndarray,
+    admit_pos: np.ndarray,
+    order_pos: np.ndarray,
+    batch_size: int,
+    drop: np.ndarray,
+    an: Analysis,
+) -> FramePlan:
+    """The plan both rankings end with: the running requests not preempted keep their slots, the free
+    ones go to `admit_pos` (waiting positions, best first). Positions index `slots`."""
+    kept = running.copy()
+    kept[preempt_pos] = False
+    kept_pos = np.flatnonzero(kept)
+    batch_pos = np.concatenate([kept_pos, admit_pos[: max(batch_size - kept_pos.size, 0)]])
+    return FramePlan(
+        order=slots[order_pos],
+        batch=slots[batch_pos],
+        preempt=slots[preempt_pos],
+        drop=drop,
+        analysis=an,
+    )
 
 
 def margin_goodput(
@@ -432,18 +447,8 @@ def _plan_jit(
             preempt_pos = _jit_preemptions(
                 table, now, speed, params, slots, an, value_now, margin, incoming[free:], yielders, horizon
             )
-    kept = running.copy()
-    kept[preempt_pos] = False
-    kept_pos = np.flatnonzero(kept)
     waiting_order = order_pos[~running[order_pos]]  # the preempted wait for the next frame
-    batch_pos = np.concatenate([kept_pos, waiting_order[: max(B - kept_pos.size, 0)]])
-    return FramePlan(
-        order=slots[order_pos],
-        batch=slots[batch_pos],
-        preempt=slots[preempt_pos],
-        drop=drop,
-        analysis=an,
-    )
+    return _frame_plan(slots, running, preempt_pos, waiting_order, order_pos, B, drop, an)
 
 
 _MAX_PAIRS = 16  # preemptions weighed per plan: bounds the cost of a plan at large B
