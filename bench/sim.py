@@ -5,7 +5,7 @@
     python bench/sim.py --diagnose 3.5 [--predictor qrf]  # where the distance from the oracle comes from
     python bench/sim.py --placements 2.5 --replicas 4 --duration 300 [--admission on|off]
     python bench/sim.py --admission-sweep 1.5,2.5,3.5 --replicas 1 --duration 600
-    python bench/sim.py --busy-rule 0.5,1.5,2.5,3.5 --duration 300 --seeds 0,1,2,3,4,5,6
+    python bench/sim.py --short-reply-rules 0.5,1.5,2.5,3.5 --duration 300 --seeds 0,1,2,3,4,5,6
     python bench/sim.py --suite --seeds 0,1,2 --out docs/benchmarks   # every workload x load x policy
     python bench/sim.py --saturation agentic          # vLLM FCFS's saturation rate on a workload
     python bench/sim.py --mechanisms agentic --loads 1,2 --seeds 0,1,2  # what each JITServe part costs
@@ -89,6 +89,7 @@ def diagnose(rate: float, duration: float, predictor: str = "conditional") -> in
     """Where JITServe's distance from the oracle comes from (docs/benchmarks/sim.md, section 1)."""
     import dataclasses
 
+    from jitserve.scheduler.placement import ShortReplyRule
     from jitserve.sim import policies
     from jitserve.sim.runner import RunConfig, compare
     from jitserve.sim.workload import load_workload
@@ -110,7 +111,7 @@ def diagnose(rate: float, duration: float, predictor: str = "conditional") -> in
     policies.FACTORIES["oracle-admission-only"] = admission_knows(False, True)
     policies.FACTORIES["oracle-scheduling-only"] = admission_knows(True, False)
     policies.FACTORIES["bound-admission"] = lambda ctx: dataclasses.replace(
-        policies._jitserve(ctx, False), busy_share=0.0
+        policies._jitserve(ctx, False), short_reply=ShortReplyRule.BOUND
     )
     spec = load_workload("paper-mix")
     cfg = RunConfig(rate_per_replica=rate, replicas=1, duration_s=duration, predictor=predictor)
@@ -158,30 +159,29 @@ def admission_sweep(rates: list[float], duration: float, replicas: int) -> int:
     return 0
 
 
-def busy_rule(rates: list[float], duration: float, replicas: int, seeds: list[int]) -> int:
-    """place()'s rule for requests on time only with a reply shorter than the bound, on paired arrivals:
-    busy (the deployed rule: reject on replicas at least a quarter full), one-token (always admit) and
-    bound (never admit)."""
+def short_reply_rules(rates: list[float], duration: float, replicas: int, seeds: list[int]) -> int:
+    """place()'s rules for requests on time only with a reply shorter than the bound, on paired
+    arrivals: occupancy (deployed: B/4), no-queue (a free slot, no queue delay), one-token (always
+    admit) and bound (never admit)."""
     import dataclasses
 
-    from jitserve.scheduler.placement import BUSY_SHARE
+    from jitserve.scheduler.placement import ShortReplyRule
     from jitserve.sim import policies
     from jitserve.sim.runner import compare
     from jitserve.sim.workload import load_workload
 
     spec = load_workload("paper-mix")
-    rules = {"busy": BUSY_SHARE, "one-token": float("inf"), "bound": 0.0}
-    for name, share in rules.items():
-        policies.FACTORIES[f"rule-{name}"] = lambda ctx, s=share: dataclasses.replace(
-            policies._jitserve(ctx, False), busy_share=s
+    for rule in ShortReplyRule:
+        policies.FACTORIES[f"rule-{rule}"] = lambda ctx, r=rule: dataclasses.replace(
+            policies._jitserve(ctx, False), short_reply=r
         )
     for rate in rates:
         for seed in seeds:
             cfg = _standin(rate, replicas, duration, seed=seed)
-            for name in rules:  # one rule per run: each on the same arrivals, as before
-                rep = compare(spec, [f"rule-{name}"], cfg)[f"rule-{name}"]
+            for rule in ShortReplyRule:  # one rule per run: each on the same arrivals, as before
+                rep = compare(spec, [f"rule-{rule}"], cfg)[f"rule-{rule}"]
                 print(
-                    f"rate {rate:g} seed {seed} rule {name:<9} token goodput {rep.token_goodput:8.1f}"
+                    f"rate {rate:g} seed {seed} rule {rule:<9} token goodput {rep.token_goodput:8.1f}"
                     f"  request goodput {rep.request_goodput:.3f}  rejected {rep.rejected}",
                     flush=True,
                 )
@@ -252,6 +252,7 @@ def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) ->
     import dataclasses
     import statistics
 
+    from jitserve.scheduler.placement import ShortReplyRule
     from jitserve.scheduler.policy import GMAXPolicy
     from jitserve.sim import policies, suite
     from jitserve.sim.runner import RunConfig, compare, make_bounds
@@ -276,8 +277,9 @@ def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) ->
     variants: dict[str, Any] = {
         "m:no-preemption": jit(params={"preemption": "never"}),
         "m:no-midframe-preemption": jit(no_midframe=True),
-        "m:one-token-admission (no busy rule)": jit(busy_share=float("inf")),
-        "m:bound-admission": jit(busy_share=0.0),
+        "m:no-queue rule": jit(short_reply=ShortReplyRule.NO_QUEUE),
+        "m:one-token admission": jit(short_reply=ShortReplyRule.ONE_TOKEN),
+        "m:bound admission": jit(short_reply=ShortReplyRule.BOUND),
         "m:B=max_num_seqs": lambda ctx: jit(params={"batch_size": ctx.batch_size})(ctx),
         "m:least-load placement (no admission)": jit(placement="least-load", router_admission=False),
     }
@@ -368,12 +370,12 @@ def main(argv: list[str] | None = None) -> int:
         "--admission-sweep", metavar="RATES", help="JITServe with and without router admission at these rates"
     )
     parser.add_argument(
-        "--busy-rule",
+        "--short-reply-rules",
         metavar="RATES",
-        help="place()'s busy-replica rule for short-reply requests vs one-token and bound admission",
+        help="place()'s rules for requests on time only with a shorter-than-bound reply, side by side",
     )
     parser.add_argument(
-        "--seeds", default="0", help="with --busy-rule, --suite, --mechanisms: workload seeds"
+        "--seeds", default="0", help="with --short-reply-rules, --suite, --mechanisms: workload seeds"
     )
     parser.add_argument(
         "--suite", action="store_true", help="every workload x load x policy x seed (sim/suite.py)"
@@ -423,9 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.admission_sweep:
         rates = [float(r) for r in args.admission_sweep.split(",")]
         return admission_sweep(rates, args.duration, args.replicas)
-    if args.busy_rule:
-        rates = [float(r) for r in args.busy_rule.split(",")]
-        return busy_rule(rates, args.duration, args.replicas, [int(x) for x in args.seeds.split(",")])
+    if args.short_reply_rules:
+        rates = [float(r) for r in args.short_reply_rules.split(",")]
+        return short_reply_rules(rates, args.duration, args.replicas, [int(x) for x in args.seeds.split(",")])
     if args.placements:
         admission = None if args.admission is None else args.admission == "on"
         return placements(args.placements, args.duration, args.replicas, admission)

@@ -15,7 +15,7 @@ from enum import StrEnum
 import numpy as np
 
 from jitserve.scheduler.gmax import GMAXParams
-from jitserve.scheduler.placement import BUSY_SHARE, ReplicaState, place
+from jitserve.scheduler.placement import ReplicaState, ShortReplyRule, place
 from jitserve.scheduler.requests import NewRequest
 from jitserve.scheduler.slo import SLO, OverloadAction, SLOClassSpec
 
@@ -66,13 +66,13 @@ def decide(
     cached_tokens: list[int] | None = None,
     rng: np.random.Generator | None = None,
     params: GMAXParams = GMAXParams(),
-    busy_share: float = BUSY_SHARE,
+    short_reply: ShortReplyRule = ShortReplyRule.OCCUPANCY,
 ) -> Decision:
     """Admit on the best replica, downgrade, or reject. `states` must be non-empty. `params` and
-    `busy_share` go to `place()` (the simulator studies them; the router runs the defaults)."""
+    `short_reply` go to `place()` (the simulator studies them; the router runs the defaults)."""
     placer = functools.partial(
         place, replicas=states, now=now, k=k, cached_tokens=cached_tokens, rng=rng, params=params,
-        busy_share=busy_share,
+        short_reply=short_reply,
     )  # fmt: skip
     p = placer(request)
     if p.replica is not None:

@@ -2,11 +2,15 @@
 
 The request gets K dummy copies, one per sampled replica, each analyzed with that replica's speed,
 expected queueing delay and prefix-cache hit: the same `analyze` GMAX runs inside every engine. The
-request goes to the replica where its replica-specific priority clears that replica's admission bar
-and is highest. If no replica can still meet the SLO even with a one-token reply, there is no
+request goes to a replica where its replica-specific priority clears that replica's admission bar:
+the one where its priority is highest when every sampled replica is scored at the slowest reported
+step time (a pool's replicas are the same hardware, so a faster report is a lighter load or an older
+measurement; queue delay and cache hits still tell them apart), the least loaded among near-ties.
+If no replica can still meet the SLO even with a one-token reply, there is no
 placement: admission rejects it. A request that is on time only if its reply is shorter than its
 conservative length bound goes only to a replica that is not busy (fewer than a quarter of its batch
 running or waiting); if every sampled replica that could serve it is busy, admission rejects it.
+(`ShortReplyRule` keeps the alternatives measured against this rule for the ablation.)
 A request below every replica's admission bar queues only where the expected queue delay is shorter
 than its waiting_time; where it is not, the engine would drop it after the wait, so admission
 rejects it at once.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,10 +29,21 @@ from jitserve.scheduler.gmax import EngineSpeed, GMAXParams, analyze
 from jitserve.scheduler.requests import NewRequest, RequestTable
 
 _TIE_TOLERANCE = 0.02  # priorities within 2% are a tie: the speed estimates are not that precise
-# A replica with this share of its batch (running + waiting) is busy: a request that is on time only
-# with a reply shorter than its length bound is not placed there. 0 = admit only by the bound;
-# inf = admit whatever a one-token reply could serve (studies: bench/sim.py --busy-rule).
-BUSY_SHARE = 0.25
+
+
+class ShortReplyRule(StrEnum):
+    """Where `place()` admits a request that is on time only with a reply shorter than its length bound
+    (docs/decisions/core.md, "Admission"; the alternatives are kept for bench/sim.py --mechanisms)."""
+
+    OCCUPANCY = "occupancy"  # deployed: only on a replica less than a quarter full (running + waiting)
+    NO_QUEUE = "no-queue"  # only on a replica with a free slot and no queue delay
+    ONE_TOKEN = "one-token"  # anywhere a one-token reply would be on time
+    BOUND = "bound"  # nowhere: admission by the length bound alone
+
+
+# ShortReplyRule.OCCUPANCY's share of the batch: set on the paper mix, then measured against the other
+# rules on every workload of the suite (docs/decisions/core.md, "Admission")
+OCCUPANCY_SHARE = 0.25
 
 
 class ClassGoodput(BaseModel):
@@ -116,7 +132,7 @@ def place(
     cached_tokens: list[int] | None = None,
     rng: np.random.Generator | None = None,
     params: GMAXParams = GMAXParams(),
-    busy_share: float = BUSY_SHARE,
+    short_reply: ShortReplyRule = ShortReplyRule.OCCUPANCY,
 ) -> Placement:
     """Power-of-K over replica-specific priorities. `k=None` samples every replica (K = M)."""
     m = len(replicas)
@@ -154,13 +170,22 @@ def place(
     try:
         slots = np.full(n, table.add(request))
         an = analyze(table, now, speed, params, slots, queue_delay=delay, computed=computed)
-        short_reply = False
+        needs_short_reply = False
         if not an.feasible.any():
             # The conservative bound sizes bandwidth; it must not reject a request that a shorter (yet
             # possible) reply would serve on time. Reject only when even a one-token reply would be late.
             table.len_ub[slots[0]] = 1
             an = analyze(table, now, speed, params, slots, queue_delay=delay, computed=computed)
-            short_reply = True
+            needs_short_reply = True
+        rank = an.priority
+        if step.min() < step.max():
+            # A pool's replicas are the same hardware: their reported step times differ by load and by
+            # measurement lag (decode-only steps, which sample it, are rare under load), not by speed.
+            # Ranked at its own report, a replica measured before a burst looks fastest and takes all of
+            # it (docs/benchmarks/sim.md, "Where JITServe loses"). Feasibility keeps each replica's own
+            # speed; the ranking compares them at the slowest, so load and queue decide.
+            common = EngineSpeed(step_time=np.full(n, step.max()), prefill_tokens_per_s=prefill)  # type: ignore[arg-type]
+            rank = analyze(table, now, common, params, slots, queue_delay=delay, computed=computed).priority
     finally:
         if request.request_id in table:  # empty again for the next call, whatever happened
             table.remove(request.request_id)
@@ -168,11 +193,11 @@ def place(
     if not an.feasible.any():
         return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
     feasible = an.feasible
-    if short_reply:
-        # On time only if the reply is shorter than its bound: take it only where it costs no one else,
-        # on a replica less than a quarter full. Doomed long replies admitted onto a loaded replica hold
-        # batch slots that later arrivals would have used (docs/decisions/core.md, "Admission").
-        feasible = feasible & (occupied < busy_share * batch)
+    if needs_short_reply:
+        # On time only if the reply is shorter than its bound: take it only where it costs no one else.
+        # Doomed long replies admitted onto a loaded replica hold batch slots that later arrivals would
+        # have used (docs/decisions/core.md, "Admission").
+        feasible = feasible & _short_reply_room(short_reply, occupied, batch, delay)
         if not feasible.any():
             return Placement(
                 None,
@@ -183,9 +208,9 @@ def place(
     has_room = occupied < batch
     eligible = feasible & (has_room | (priority >= bar))
     if eligible.any():
-        score = np.where(eligible, priority, -np.inf)
+        score = np.where(eligible, rank, -np.inf)
         reason = "admitted by replica-specific priority"
-        if short_reply:
+        if needs_short_reply:
             reason = "admitted: on time only if the reply is shorter than its length bound"
     else:
         # Below every replica's bar it starts only behind the work queued ahead of it, which is what
@@ -212,6 +237,20 @@ def place(
         load = occupied / batch
         best = best[np.lexsort((delay[best], load[best]))]
     return Placement(int(sampled[best[0]]), priority, sampled, reason)
+
+
+def _short_reply_room(
+    rule: ShortReplyRule,
+    occupied: np.ndarray,
+    batch: np.ndarray,
+    delay: np.ndarray,
+) -> np.ndarray:
+    """Which sampled replicas may take a request that is on time only with a shorter-than-bound reply."""
+    if rule is ShortReplyRule.NO_QUEUE:
+        return (occupied < batch) & (delay <= 0)
+    if rule is ShortReplyRule.OCCUPANCY:
+        return occupied < OCCUPANCY_SHARE * batch
+    return np.full(occupied.shape, rule is ShortReplyRule.ONE_TOKEN)
 
 
 _scratch = threading.local()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jitserve.scheduler.gmax import GMAXParams
-from jitserve.scheduler.placement import BUSY_SHARE
+from jitserve.scheduler.placement import ShortReplyRule
 from jitserve.scheduler.policy import EDFPolicy, FCFSPolicy, GMAXPolicy, Policy, SJFPolicy, oracle_policy
 from jitserve.scheduler.slo import OverloadAction
 from jitserve.sim.profiles import BatchTimeModel, Profile
@@ -66,9 +66,8 @@ class PolicySetup:
     router_admission: bool = False  # reject at the router when no replica can meet the SLO (place())
     placement: str = "least-load"  # default placement across replicas
     placement_params: GMAXParams | None = None  # what place() analyzes with (default: the policy's params)
-    # place()'s busy share for requests on time only with a reply shorter than the bound (0: admission
-    # by the bound, inf: whatever a one-token reply could serve)
-    busy_share: float = BUSY_SHARE
+    # where place() admits requests on time only with a reply shorter than the bound
+    short_reply: ShortReplyRule = ShortReplyRule.OCCUPANCY
     # what the router does with a request no replica can serve on time: reject (429) or downgrade to
     # best-effort (every class's `overload` setting; scoring still holds it to its own SLO)
     overload: OverloadAction = OverloadAction.REJECT

@@ -160,10 +160,10 @@ class Cluster:
             if self.admission:
                 d = decide(
                     req, req.slo.type.value, setup.overload, {}, states, now, params=params,
-                    busy_share=setup.busy_share,
+                    short_reply=setup.short_reply,
                 )  # fmt: skip
                 return d.replica, d.request
-            p = place(req, states, now, params=params, busy_share=setup.busy_share)
+            p = place(req, states, now, params=params, short_reply=setup.short_reply)
             return (p.replica if p.replica is not None else self._least_load()), req
         if self.placement == "round-robin":
             self._rr = (self._rr + 1) % n

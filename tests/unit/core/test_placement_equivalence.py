@@ -4,7 +4,8 @@
 a fresh K-row `RequestTable` with one dummy copy of the request per sampled replica and runs GMAX's
 `analyze` over it. It stays here as the test's reference only; the production `place()` must return the
 same replica, priorities (bit for bit), sampled set and reason on every input. (The busy-replica rule
-for short-reply requests and the waiting_time check below every bar were added to both later.)
+for short-reply requests, the waiting_time check below every bar and the ranking at the slowest
+reported step time were added to both later.)
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ def _reference_place(
         table.len_ub[slots] = 1
         an = analyze(table, now, speed, params, slots, queue_delay=delay)  # type: ignore[arg-type]
         short_reply = True
+    # ranked at the slowest reported step time (feasibility above keeps each replica's own)
+    slowest = EngineSpeed(
+        step_time=np.full(len(states), float(np.max(speed.step_time))),  # type: ignore[arg-type]
+        prefill_tokens_per_s=speed.prefill_tokens_per_s,
+    )
+    rank = analyze(table, now, slowest, params, slots, queue_delay=delay).priority  # type: ignore[arg-type]
     priority = np.where(an.feasible, an.priority, 0.0)
     if not an.feasible.any():
         return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
@@ -88,7 +95,7 @@ def _reference_place(
     bar = np.asarray([s.admission_priority for s in states])
     eligible = feasible & (has_room | (priority >= bar))
     if eligible.any():
-        score = np.where(eligible, priority, -np.inf)
+        score = np.where(eligible, rank, -np.inf)
         reason = "admitted by replica-specific priority"
         if short_reply:
             reason = "admitted: on time only if the reply is shorter than its length bound"

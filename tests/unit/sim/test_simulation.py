@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jitserve.scheduler.goodput import request_goodput
+from jitserve.scheduler.placement import ShortReplyRule
 from jitserve.scheduler.slo import SLOType
 from jitserve.sim.metrics import program_result, report
 from jitserve.sim.policies import POLICIES
@@ -121,14 +122,14 @@ def test_router_admission_rejects_only_under_jitserve_and_by_its_rule(spec) -> N
     assert on["jitserve"].rejected > 0  # overloaded: place() finds requests nobody can serve on time
     assert off.rejected == 0 and on["sarathi"].rejected == 0
     policies.FACTORIES["_bound"] = lambda ctx: dataclasses.replace(
-        policies._jitserve(ctx, False), busy_share=0.0
+        policies._jitserve(ctx, False), short_reply=ShortReplyRule.BOUND
     )
     try:
         bound = compare(spec, ["_bound"], cfg)["_bound"]
     finally:
         del policies.FACTORIES["_bound"]
     # admission by the length bound also rejects what only a shorter-than-bound reply would save; place()
-    # does so too on a busy replica (a quarter of its batch), which under this overload is always
+    # does so too on a replica with a queue, which under this overload is every one
     assert bound.rejected >= on["jitserve"].rejected
 
 
