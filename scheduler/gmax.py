@@ -14,6 +14,7 @@ request's gain over the next frame beats the stall the preemption costs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,6 +90,154 @@ class Analysis:
     feasible: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class _Work:
+    """The part of analyze that does not depend on when service starts, one row per analyzed slot.
+
+    The just-in-time ranking prices delays (margin_goodput) for slots it has already analyzed: it
+    keeps this and re-runs only `_timed` at each start time, instead of a whole analyze per delay.
+    `lat_*` fields hold one value per latency row, in the order of `lat`.
+    """
+
+    t_gen: np.ndarray
+    goodput: np.ndarray  # base goodput w_in * L_in + w_out * L_out (+ program); latency rows: see _timed
+    deadline: np.ndarray
+    is_latency: np.ndarray
+    exempt: np.ndarray  # latency or best-effort: no t_rem >= t_gen feasibility test
+    lat: np.ndarray  # positions of the latency rows
+    lat_prefill: np.ndarray  # remaining prefill time
+    lat_lag: np.ndarray  # (1 - generated) * v
+    lat_arrival: np.ndarray
+    lat_ttft: np.ndarray
+    lat_slope: np.ndarray  # tbt - v: how much each token served at full speed gains on its due time
+    lat_rising: bool  # every slope > 0 (tbt > v, the common case): a shorter formula
+    lat_generated: np.ndarray  # float
+    lat_total: np.ndarray  # float: upper bound (or true) total output length
+    lat_last: np.ndarray  # total - 1: the last token's index
+    lat_due_last: np.ndarray  # when the last token is due (a stream's t_rem is this minus the start)
+    lat_w_out: np.ndarray
+
+    def take(self, pos: np.ndarray) -> _Work:
+        """The rows at `pos` (as if analyze had been given only those slots)."""
+        lat = self.is_latency[pos].nonzero()[0]
+        rows = np.searchsorted(self.lat, pos[lat])  # `self.lat` is ascending: the rows among latency rows
+        slope = self.lat_slope[rows]
+        return _Work(
+            t_gen=self.t_gen[pos],
+            goodput=self.goodput[pos],
+            deadline=self.deadline[pos],
+            is_latency=self.is_latency[pos],
+            exempt=self.exempt[pos],
+            lat=lat,
+            lat_prefill=self.lat_prefill[rows],
+            lat_lag=self.lat_lag[rows],
+            lat_arrival=self.lat_arrival[rows],
+            lat_ttft=self.lat_ttft[rows],
+            lat_slope=slope,
+            lat_rising=self.lat_rising or bool((slope > 0).all()),
+            lat_generated=self.lat_generated[rows],
+            lat_total=self.lat_total[rows],
+            lat_last=self.lat_last[rows],
+            lat_due_last=self.lat_due_last[rows],
+            lat_w_out=self.lat_w_out[rows],
+        )
+
+
+def _work(
+    table: RequestTable,
+    speed: EngineSpeed,
+    params: GMAXParams,
+    slots: np.ndarray,
+    computed: np.ndarray | None = None,
+) -> _Work:
+    v = speed.step_time
+    generated = table.generated[slots]
+    total = table.true_len[slots] if params.oracle else table.len_ub[slots]
+    if params.oracle:
+        total = np.where(total > 0, total, table.len_ub[slots])
+    total = np.maximum(total, generated + 1)
+    len_rem = (total - generated).astype(np.float64)
+    done = table.computed[slots] if computed is None else computed
+    input_len = table.input_len[slots]
+    prefill_rem = np.maximum(input_len + generated - done, 0)
+    prefill_time = prefill_rem / speed.prefill_tokens_per_s
+    t_gen = len_rem * v + prefill_time + _EPS
+
+    slo_type = table.slo_type[slots]
+    is_latency = slo_type == LATENCY
+    w_out = table.w_out[slots]
+    # Deadline, compound, best-effort: all-or-nothing on the (sub-)deadline.
+    goodput = table.w_in[slots] * input_len.astype(np.float64) + w_out * total + table.program_goodput[slots]
+
+    # Latency: token j (0-based) is due at arrival + ttft + j * tbt. Served at full speed from a
+    # start time, token j (j >= generated) finishes at start + prefill + (j - generated + 1) * v.
+    lat = is_latency.nonzero()[0]
+    lat_slots = slots[lat]
+    a, ttft = table.arrival[lat_slots], table.ttft[lat_slots]
+    tbt = np.minimum(table.tbt[lat_slots], _HUGE_TBT)
+    g = generated[lat].astype(np.float64)
+    n = total[lat].astype(np.float64)
+    v_lat = v[lat] if np.ndim(v) else v  # per-row speed (placement's K dummies) down to the latency rows
+    slope = tbt - v_lat
+    last = n - 1
+    return _Work(
+        t_gen=t_gen,
+        goodput=goodput,
+        deadline=table.deadline_abs[slots],
+        is_latency=is_latency,
+        exempt=is_latency | (slo_type == BEST_EFFORT),
+        lat=lat,
+        lat_prefill=prefill_time[lat],
+        lat_lag=(1.0 - g) * v_lat,
+        lat_arrival=a,
+        lat_ttft=ttft,
+        lat_slope=slope,
+        lat_rising=bool((slope > 0).all()),
+        lat_generated=g,
+        lat_total=n,
+        lat_last=last,
+        lat_due_last=a + ttft + last * np.minimum(tbt, 1e6),
+        lat_w_out=w_out[lat],
+    )
+
+
+def _timed(
+    work: _Work, start: float | np.ndarray, stream_t_rem: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """t_rem, goodput and feasibility of `work`'s rows if service starts at `start` (one per row or
+    one for all). `stream_t_rem=False` skips latency rows' t_rem (margins need only goodput and
+    feasibility, which does not test a stream's t_rem)."""
+    t_rem = work.deadline - start
+    goodput = work.goodput
+    lat = work.lat
+    if lat.size:
+        start_lat = start[lat] if np.ndim(start) else start
+        g, last = work.lat_generated, work.lat_last
+        x = start_lat + work.lat_prefill + work.lat_lag - work.lat_arrival - work.lat_ttft
+        slope = work.lat_slope
+        # token j is on time iff j * slope >= x
+        if work.lat_rising:
+            # each token gains on its due time: all tokens from the first on-time one on are on time
+            lo = np.maximum(g, np.ceil(x / slope - 1e-12))
+            hi = last
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                bound = x / slope
+            j_min = np.where(slope > 0, np.ceil(bound - 1e-12), 0.0)
+            j_max = np.where(slope > 0, last, np.floor(bound + 1e-12))
+            # slope <= 0: the stream falls further behind each token, so only an early prefix is on time
+            j_min = np.where((slope <= 0) & (x > 0), work.lat_total, j_min)
+            lo = np.maximum(g, j_min)
+            hi = np.minimum(last, j_max)
+        goodput = goodput.copy()  # `work.goodput` stays the base for other start times
+        goodput[lat] = work.lat_w_out * np.maximum(hi - lo + 1.0, 0.0)
+        if stream_t_rem:
+            t_rem[lat] = work.lat_due_last - start_lat
+    # Best-effort work never becomes infeasible: its default deadline only sets its pace.
+    feasible = (goodput > 0) & ((t_rem >= work.t_gen) | work.exempt)
+    return t_rem, goodput, feasible
+
+
 def analyze(
     table: RequestTable,
     now: float,
@@ -108,59 +257,24 @@ def analyze(
     """
     if slots is None:
         slots = table.active_slots()
-    v = speed.step_time
-    start = now + queue_delay
-    generated = table.generated[slots]
-    total = table.true_len[slots] if params.oracle else table.len_ub[slots]
-    if params.oracle:
-        total = np.where(total > 0, total, table.len_ub[slots])
-    total = np.maximum(total, generated + 1)
-    len_rem = (total - generated).astype(np.float64)
-    done = table.computed[slots] if computed is None else computed
-    prefill_rem = np.maximum(table.input_len[slots] + generated - done, 0)
-    prefill_time = prefill_rem / speed.prefill_tokens_per_s
-    t_gen = len_rem * v + prefill_time + _EPS
+    return _analyze(table, now, speed, params, slots, tenant_fair, queue_delay, computed)[0]
 
-    slo_type = table.slo_type[slots]
-    is_latency = slo_type == LATENCY
-    input_len = table.input_len[slots].astype(np.float64)
-    w_in, w_out = table.w_in[slots], table.w_out[slots]
 
-    # Deadline, compound, best-effort: all-or-nothing on the (sub-)deadline.
-    t_rem = table.deadline_abs[slots] - start
-    goodput = w_in * input_len + w_out * total + table.program_goodput[slots]
-
-    if is_latency.any():
-        # Token j (0-based) is due at arrival + ttft + j * tbt. Served at full speed from `start`,
-        # token j (j >= generated) finishes at start + prefill + (j - generated + 1) * v.
-        lat = np.flatnonzero(is_latency)
-        a = table.arrival[slots][lat]
-        ttft = table.ttft[slots][lat]
-        tbt = np.minimum(table.tbt[slots][lat], _HUGE_TBT)
-        g = generated[lat].astype(np.float64)
-        n = total[lat].astype(np.float64)
-        # per-slot start and speed (placement's K dummies, margin delays) down to the latency rows
-        start_lat = start[lat] if np.ndim(start) else start
-        v_lat = v[lat] if np.ndim(v) else v
-        x = start_lat + prefill_time[lat] + (1.0 - g) * v_lat - a - ttft  # on time iff j * (tbt - v) >= x
-        slope = tbt - v_lat
-        with np.errstate(divide="ignore", invalid="ignore"):
-            bound = x / slope
-        j_min = np.where(slope > 0, np.ceil(bound - 1e-12), 0.0)
-        j_max = np.where(slope > 0, n - 1, np.floor(bound + 1e-12))
-        # slope <= 0: the stream falls further behind each token, so only an early prefix is on time
-        j_min = np.where((slope <= 0) & (x > 0), n, j_min)
-        lo = np.maximum(g, j_min)
-        hi = np.minimum(n - 1, j_max)
-        on_time = np.clip(hi - lo + 1.0, 0.0, None)
-        goodput[lat] = w_out[lat] * on_time
-        t_rem[lat] = a + ttft + (n - 1) * np.minimum(tbt, 1e6) - start_lat
-
-    is_best_effort = slo_type == BEST_EFFORT
-    # Best-effort work never becomes infeasible: its default deadline only sets its pace.
-    feasible = (goodput > 0) & ((t_rem >= t_gen) | is_best_effort | is_latency)
-    t_rem_pos = np.maximum(t_rem, t_gen)
-    bw = t_gen / t_rem_pos
+def _analyze(
+    table: RequestTable,
+    now: float,
+    speed: EngineSpeed,
+    params: GMAXParams,
+    slots: np.ndarray,
+    tenant_fair: np.ndarray | None = None,
+    queue_delay: float | np.ndarray = 0.0,
+    computed: np.ndarray | None = None,
+) -> tuple[Analysis, _Work]:
+    """analyze, also returning its start-independent part (to price other start times)."""
+    work = _work(table, speed, params, slots, computed)
+    t_rem, goodput, feasible = _timed(work, now + queue_delay)
+    t_gen = work.t_gen
+    bw = t_gen / np.maximum(t_rem, t_gen)
 
     waited = table.frames_waited[slots].astype(np.float64)
     priority = (goodput + params.starvation_delta * waited) / t_gen
@@ -169,7 +283,7 @@ def analyze(
         scale = float(priority.max()) or 1.0
         fair = tenant_fair[table.tenant[slots]]
         priority = (1 - params.fairness) * (priority / scale) + params.fairness * fair
-    return Analysis(slots, t_gen, t_rem, bw, goodput, priority, feasible)
+    return Analysis(slots, t_gen, t_rem, bw, goodput, priority, feasible), work
 
 
 def select_group(priority: np.ndarray, input_len: np.ndarray, batch_size: int, cutoff: float) -> np.ndarray:
@@ -183,7 +297,7 @@ def select_group(priority: np.ndarray, input_len: np.ndarray, batch_size: int, c
     if n <= batch_size:
         return np.argsort(-priority, kind="stable")
     bp = np.partition(priority, n - batch_size)[n - batch_size]  # B-th highest
-    candidates = np.flatnonzero(priority >= bp * cutoff)
+    candidates = (priority >= bp * cutoff).nonzero()[0]
     order = candidates[np.argsort(input_len[candidates], kind="stable")]
     sums = np.convolve(priority[order], np.ones(batch_size), mode="valid")
     best = int(np.argmax(sums))  # first maximum: ties go to shorter inputs
@@ -195,12 +309,10 @@ def stall_seconds(table: RequestTable, slots: np.ndarray, speed: EngineSpeed, mo
     """Stall a preemption of `slots` costs: recompute = re-prefill its sequence; swap = KV out and in."""
     seq = (table.input_len[slots] + table.generated[slots]).astype(np.float64)
     recompute = seq / speed.prefill_tokens_per_s
+    if mode not in ("swap", "auto"):
+        return recompute
     swap = 2.0 * seq * speed.kv_bytes_per_token / speed.swap_bytes_per_s
-    if mode == "swap":
-        return swap
-    if mode == "auto":
-        return np.minimum(recompute, swap)
-    return recompute
+    return swap if mode == "swap" else np.minimum(recompute, swap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,9 +356,9 @@ def plan_frame(
     if slots.size == 0:
         empty = slots[:0]
         return FramePlan(empty, empty, empty, drop)
-    an = analyze(table, now, speed, params, slots, tenant_fair)
+    an, work = _analyze(table, now, speed, params, slots, tenant_fair)
     if params.ranking == "jit":
-        return _plan_jit(table, now, speed, params, slots, an, drop)
+        return _plan_jit(table, now, speed, params, slots, an, work, drop)
     return _plan_paper(table, slots, an, speed, params, drop)
 
 
@@ -328,7 +440,7 @@ def _frame_plan(
     ones go to `admit_pos` (waiting positions, best first). Positions index `slots`."""
     kept = running.copy()
     kept[preempt_pos] = False
-    kept_pos = np.flatnonzero(kept)
+    kept_pos = kept.nonzero()[0]
     batch_pos = np.concatenate([kept_pos, admit_pos[: max(batch_size - kept_pos.size, 0)]])
     return FramePlan(
         order=slots[order_pos],
@@ -355,14 +467,23 @@ def margin_goodput(
     delay pushes past its waiting_time (it would be dropped). `value_now` is the goodput achievable
     now (0 where infeasible), aligned with `slots`.
     """
-    late = analyze(table, now, speed, params, slots, queue_delay=delay)
-    value_late = np.where(late.feasible, late.goodput, 0.0)
-    dropped = (
-        ~table.started[slots]
-        & (table.waiting_deadline[slots] < now + delay)
-        & (table.slo_type[slots] != BEST_EFFORT)
-    )
-    value_late = np.where(dropped, 0.0, value_late)
+    droppable = ~table.started[slots] & (table.slo_type[slots] != BEST_EFFORT)
+    work = _work(table, speed, params, slots)
+    return _margin(work, now + delay, value_now, droppable, table.waiting_deadline[slots])
+
+
+def _margin(
+    work: _Work,
+    start: float | np.ndarray,
+    value_now: np.ndarray,
+    droppable: np.ndarray,
+    waiting_deadline: np.ndarray,
+) -> np.ndarray:
+    """margin_goodput of `work`'s rows if service starts at `start` (one per row or one for all);
+    `droppable`: not started and not best-effort (same rows as `work`)."""
+    _, goodput_late, feasible_late = _timed(work, start, stream_t_rem=False)
+    dropped = droppable & (waiting_deadline < start)
+    value_late = np.where(feasible_late & ~dropped, goodput_late, 0.0)
     return np.maximum(value_now - value_late, 0.0)
 
 
@@ -373,6 +494,7 @@ def _plan_jit(
     params: GMAXParams,
     slots: np.ndarray,
     an: Analysis,
+    work: _Work,
     drop: np.ndarray,
 ) -> FramePlan:
     """Just-in-time GMAX (docs/decisions/core.md, "Just-in-time bandwidth").
@@ -388,30 +510,40 @@ def _plan_jit(
     horizon = params.frame_steps * speed.step_time
     value_now = np.where(an.feasible, an.goodput, 0.0)
     is_be = table.slo_type[slots] == BEST_EFFORT
+    unstarted = ~table.started[slots]
+    waiting_deadline = table.waiting_deadline[slots]
+    droppable = unstarted & ~is_be
+
+    def lost(pos: np.ndarray, delay: float | np.ndarray) -> np.ndarray:
+        """margin_goodput of the slots at `pos` (positions into `slots`) for `delay` (one per position
+        or one for all), from the analysis already made."""
+        return _margin(work.take(pos), now + delay, value_now[pos], droppable[pos], waiting_deadline[pos])
+
     # Exactly zero without a second pass: best-effort work (never reserved), infeasible work, and
     # deadline work with a frame of slack that no drop can catch within the frame.
     maybe = (
         an.feasible
         & ~is_be
         & (
-            (table.slo_type[slots] == LATENCY)
+            work.is_latency
             | (an.t_rem - an.t_gen < horizon)
-            | (~table.started[slots] & (table.waiting_deadline[slots] < now + horizon))
+            | (unstarted & (waiting_deadline < now + horizon))
         )
     )
     margin = np.zeros(slots.size)
     if maybe.any():
-        pos = np.flatnonzero(maybe)
-        margin[pos] = margin_goodput(table, now, speed, params, slots[pos], value_now[pos], horizon)
+        # most rows are priced: all of them at once costs fewer numpy calls than gathering them first
+        lost_in_frame = _margin(work, now + horizon, value_now, droppable, waiting_deadline)
+        margin = np.where(maybe, lost_in_frame, 0.0)
     urgent = an.feasible & (margin > _EPS) & ~is_be
-    be_due = is_be & (table.deadline_abs[slots] - now < an.t_gen + horizon)
+    be_due = is_be & (work.deadline - now < an.t_gen + horizon)
     slack = an.feasible & ~urgent & (~is_be | be_due)
     spare = an.feasible & is_be & ~be_due
 
-    urgent_pos = np.flatnonzero(urgent)
+    urgent_pos = urgent.nonzero()[0]
     density = margin[urgent_pos] / np.minimum(an.t_gen[urgent_pos], horizon)
     urgent_pos = urgent_pos[np.argsort(-density, kind="stable")]
-    slack_pos = np.flatnonzero(slack)
+    slack_pos = slack.nonzero()[0]
     room = max(B - urgent_pos.size, 0)
     if room and slack_pos.size:
         group = slack_pos[
@@ -420,32 +552,35 @@ def _plan_jit(
         group = group[:room]
     else:
         group = slack_pos[:0]
-    in_group = np.zeros(slots.size, dtype=bool)
-    in_group[group] = True
-    slack_rest = np.flatnonzero(slack & ~in_group)
+    if group.size:
+        in_group = np.zeros(slots.size, dtype=bool)
+        in_group[group] = True
+        slack_rest = (slack & ~in_group).nonzero()[0]
+    else:
+        slack_rest = slack_pos
     by_priority = lambda mask_pos: mask_pos[np.argsort(-an.priority[mask_pos], kind="stable")]  # noqa: E731
     order_pos = np.concatenate(
         [
             urgent_pos,
             group,
             by_priority(slack_rest),
-            by_priority(np.flatnonzero(spare)),
-            by_priority(np.flatnonzero(~an.feasible)),
+            by_priority(spare.nonzero()[0]),
+            by_priority((~an.feasible).nonzero()[0]),
         ]
     )
 
     running = table.running[slots]
     reserved = urgent_pos[:B]
-    in_reserved = np.zeros(slots.size, dtype=bool)
-    in_reserved[reserved] = True
-    free = max(B - int(running.sum()), 0)
+    free = max(B - np.count_nonzero(running), 0)
     incoming = reserved[~running[reserved]]
     preempt_pos = incoming[:0]
     if params.preemption != "never" and incoming.size > free:
-        yielders = np.flatnonzero(running & ~in_reserved)
+        in_reserved = np.zeros(slots.size, dtype=bool)
+        in_reserved[reserved] = True
+        yielders = (running & ~in_reserved).nonzero()[0]
         if yielders.size:
             preempt_pos = _jit_preemptions(
-                table, now, speed, params, slots, an, value_now, margin, incoming[free:], yielders, horizon
+                table, now, speed, params, slots, an, running, lost, margin, incoming[free:], yielders
             )
     waiting_order = order_pos[~running[order_pos]]  # the preempted wait for the next frame
     return _frame_plan(slots, running, preempt_pos, waiting_order, order_pos, B, drop, an)
@@ -461,38 +596,43 @@ def _jit_preemptions(
     params: GMAXParams,
     slots: np.ndarray,
     an: Analysis,
-    value_now: np.ndarray,
+    running: np.ndarray,
+    lost: Callable[[np.ndarray, float | np.ndarray], np.ndarray],
     margin: np.ndarray,
     incoming: np.ndarray,
     yielders: np.ndarray,
-    horizon: float,
 ) -> np.ndarray:
     """Pair reserved arrivals (most at stake first) with running requests that can yield (cheapest
     first); preempt while what the arrival saves beats what the victim and the batch lose.
 
     An arrival's stake is its margin over the time until a slot frees by itself (the j-th earliest
     running finish, at most a frame). A victim loses its margin over a frame plus its restore stall;
-    every request left running loses its margin over that stall.
+    every request left running loses its margin over that stall. `lost(pos, delay)` is the margin of
+    the slots at `pos` over `delay` (positions here index the analyzed slots).
     """
     pairs = min(incoming.size, yielders.size, _MAX_PAIRS)
     if pairs == 0:
         return yielders[:0]
+    horizon = params.frame_steps * speed.step_time
     incoming = incoming[:pairs]  # the most urgent first (reservation order): at most `pairs` pair up
-    running_pos = np.flatnonzero(table.running[slots])
+    running_pos = running.nonzero()[0]
     t_gen_running = np.sort(an.t_gen[running_pos])
     natural_wait = np.minimum(t_gen_running[: incoming.size], horizon)
     if natural_wait.size < incoming.size:
         natural_wait = np.concatenate([natural_wait, np.full(incoming.size - natural_wait.size, horizon)])
-    stake = margin_goodput(table, now, speed, params, slots[incoming], value_now[incoming], natural_wait)
+    stall = stall_seconds(table, slots[yielders], speed, params.preemption)
+    # the arrivals' stakes and the victims' own losses in one pass (rows are priced independently)
+    losses = lost(np.concatenate([incoming, yielders]), np.concatenate([natural_wait, horizon + stall]))
+    stake, victim_loss = losses[: incoming.size], losses[incoming.size :]
     incoming, stake = incoming[np.argsort(-stake, kind="stable")], np.sort(stake)[::-1]
 
-    stall = stall_seconds(table, slots[yielders], speed, params.preemption)
-    victim_loss = margin_goodput(
-        table, now, speed, params, slots[yielders], value_now[yielders], horizon + stall
-    )
     # Only the cheapest few victims (own loss, then restore time) are priced against the batch.
     few = np.lexsort((stall, victim_loss))[:pairs]
     yielders, stall, victim_loss = yielders[few], stall[few], victim_loss[few]
+    # Costs are at least the victims' own losses: when the largest stake cannot beat the smallest,
+    # no pair is worth it, whatever the batch loses.
+    if stake[0] <= victim_loss.min():
+        return yielders[:0]
     # The batch that keeps running waits out a victim's restore (a re-prefill or a swap back in).
     # Margins grow with the delay, so the batch's margin over the longest of these stalls bounds what
     # any one of them costs (conservative: a preemption is never cheaper than it looks). A request
@@ -501,14 +641,12 @@ def _jit_preemptions(
     exposed_mask = (margin > 0) | (longest > horizon)
     exposed_mask[yielders] = False  # a victim's own loss is victim_loss
     exposed = running_pos[exposed_mask[running_pos]]
-    batch_loss = float(
-        margin_goodput(table, now, speed, params, slots[exposed], value_now[exposed], longest).sum()
-    )
+    batch_loss = float(lost(exposed, longest).sum()) if exposed.size else 0.0
     cost = victim_loss + batch_loss
     cheapest = np.lexsort((stall, cost))  # equal losses: the cheaper restore yields
     victims, cost = yielders[cheapest][:pairs], cost[cheapest][:pairs]
     worth = stake[:pairs] > cost
-    count = pairs if worth.all() else int(np.argmin(worth))
+    count = pairs if worth.all() else int(worth.argmin())
     return victims[:count]
 
 
