@@ -324,8 +324,14 @@ async def run_trace(
     )
     t0 = time.monotonic()
     try:
+        # no progress bar when stderr is not a terminal: a log file would fill with its redraws
         with tqdm(
-            total=len(jobs), desc=f"{desc:>10}", unit="job", dynamic_ncols=True, position=position
+            total=len(jobs),
+            desc=f"{desc:>10}",
+            unit="job",
+            dynamic_ncols=True,
+            position=position,
+            disable=not sys.stderr.isatty(),
         ) as bar:
             work = asyncio.gather(*(_run_job(client, model, j, t0, bar, tag, scale) for j in jobs))
             return list(await until_stopped(work, stop))

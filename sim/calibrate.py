@@ -245,9 +245,13 @@ def calibrate_engine(
     url: str, model: str, max_num_seqs: int = 8, kv_capacity: int | None = None
 ) -> Calibration:
     """Probe and fit (with a progress bar)."""
+    import sys
+
     from tqdm import tqdm
 
-    with tqdm(total=probe_count(max_num_seqs), desc="calibrating", unit="probe", dynamic_ncols=True) as bar:
+    quiet = not sys.stderr.isatty()  # a log file would fill with the bar's redraws
+    total = probe_count(max_num_seqs)
+    with tqdm(total=total, desc="calibrating", unit="probe", dynamic_ncols=True, disable=quiet) as bar:
         samples = asyncio.run(probe(url, model, max_num_seqs, progress=lambda: bar.update(1)))
     cal = fit(samples)
     cal.kv_capacity_tokens = kv_capacity

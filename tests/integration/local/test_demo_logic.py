@@ -182,3 +182,20 @@ def test_a_classes_file_reaches_every_engine_and_the_router(tmp_path: Path) -> N
     plain = up.Stack(up.StackConfig(model="m", served_name="m", log_dir=tmp_path))
     plain.engine_urls = ["http://127.0.0.1:1"]
     assert "--classes-file" not in plain.engine_command(0, 9000) + plain.router_command()
+
+
+def test_no_progress_bar_unless_stderr_is_a_terminal(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`make demo > log`: the replay's bars would write a redraw per job into the log. An empty trace
+    makes no request (nothing listens at the URL), so only the bar could write to stderr."""
+    import asyncio
+    import sys
+
+    from jitserve.local.demo import run_trace
+
+    def replay() -> str:
+        asyncio.run(run_trace("http://127.0.0.1:9", "m", [], tag="t", desc="jitserve"))
+        return capsys.readouterr().err
+
+    assert "jitserve" not in replay()  # captured stderr is not a terminal
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert "jitserve" in replay()
