@@ -230,16 +230,16 @@ def test_prompts_sharing_a_prefix_go_where_it_is_cached(
     fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
 ) -> None:
     a, b = fake_engines
-    b.state = idle_state("b", step_time_s=0.06)  # a is faster: the first prompt lands there
+    b.state = idle_state("b", running=2)  # a is less loaded: the first prompt lands there
     r = start_router("--engines", f"{a.url},{b.url}", ready=2)
     c = client(r)
     prefix = "You are a helpful assistant. " * 20
     first = c.completions.with_raw_response.create(model=MODEL, prompt=prefix + "one", max_tokens=1)
     assert first.headers["x-jitserve-pod"] == a.url.split("://")[1]
-    # Now b is slightly faster: a fresh prompt goes to b, but the shared prefix cached on a (its
+    # Now b is the less loaded: a fresh prompt goes to b, but the shared prefix cached on a (its
     # prefill saved) still makes a the better pod for prompts that start the same way.
-    a.state = idle_state("a", step_time_s=0.055)
-    b.state = idle_state("b", step_time_s=0.05)
+    a.state = idle_state("a", running=2)
+    b.state = idle_state("b")
     a.wait_polled()
     b.wait_polled()
     fresh = c.completions.with_raw_response.create(model=MODEL, prompt="Other words. " * 40, max_tokens=1)
