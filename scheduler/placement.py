@@ -159,40 +159,47 @@ def place(
         # as measured, the busy one always looks faster and takes the next request too, until it is
         # full (docs/benchmarks/sim.md, "Where JITServe loses"). No replica is faster than an idle one.
         step = np.maximum(step, step[idle].max())
-    speed = EngineSpeed(step_time=step, prefill_tokens_per_s=prefill)  # type: ignore[arg-type]
     computed = None
     if cached_tokens is not None:
         cached = np.array([cached_tokens[j] for j in sampled], dtype=np.int64)
         computed = np.minimum(cached, request.input_len)
+    # A pool's replicas are the same hardware: their reported step times differ by load and by
+    # measurement lag (decode-only steps, which sample it, are rare under load), not by speed. Ranked at
+    # its own report, a replica measured before a burst looks fastest and takes all of it
+    # (docs/benchmarks/sim.md, "Where JITServe loses"). Feasibility keeps each replica's own speed; the
+    # ranking compares them at the slowest, so load and queue decide. Both in one `analyze`: the second
+    # n rows are the same dummies at the slowest step.
+    ranked_apart = bool(step.min() < step.max())
+    if ranked_apart:
+        step = np.concatenate([step, np.full(n, step.max())])
+        prefill, delay_rows = np.concatenate([prefill, prefill]), np.concatenate([delay, delay])
+        if computed is not None:
+            computed = np.concatenate([computed, computed])
+    else:
+        delay_rows = delay
+    speed = EngineSpeed(step_time=step, prefill_tokens_per_s=prefill)  # type: ignore[arg-type]
     # One row holds the request; `slots` names it once per sampled replica, so `analyze` sees K copies
     # (the paper's K dummies) without building a K-row table per request.
     table = _scratch_table()
     try:
-        slots = np.full(n, table.add(request))
-        an = analyze(table, now, speed, params, slots, queue_delay=delay, computed=computed)
+        slots = np.full(step.size, table.add(request))
+        both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
         needs_short_reply = False
-        if not an.feasible.any():
+        if not both.feasible[:n].any():
             # The conservative bound sizes bandwidth; it must not reject a request that a shorter (yet
             # possible) reply would serve on time. Reject only when even a one-token reply would be late.
             table.len_ub[slots[0]] = 1
-            an = analyze(table, now, speed, params, slots, queue_delay=delay, computed=computed)
+            both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
             needs_short_reply = True
-        rank = an.priority
-        if step.min() < step.max():
-            # A pool's replicas are the same hardware: their reported step times differ by load and by
-            # measurement lag (decode-only steps, which sample it, are rare under load), not by speed.
-            # Ranked at its own report, a replica measured before a burst looks fastest and takes all of
-            # it (docs/benchmarks/sim.md, "Where JITServe loses"). Feasibility keeps each replica's own
-            # speed; the ranking compares them at the slowest, so load and queue decide.
-            common = EngineSpeed(step_time=np.full(n, step.max()), prefill_tokens_per_s=prefill)  # type: ignore[arg-type]
-            rank = analyze(table, now, common, params, slots, queue_delay=delay, computed=computed).priority
     finally:
         if request.request_id in table:  # empty again for the next call, whatever happened
             table.remove(request.request_id)
-    priority = np.where(an.feasible, an.priority, 0.0)
-    if not an.feasible.any():
+    an_feasible, an_priority = both.feasible[:n], both.priority[:n]
+    rank = both.priority[n:] if ranked_apart else an_priority
+    priority = np.where(an_feasible, an_priority, 0.0)
+    if not an_feasible.any():
         return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
-    feasible = an.feasible
+    feasible = an_feasible
     if needs_short_reply:
         # On time only if the reply is shorter than its bound: take it only where it costs no one else.
         # Doomed long replies admitted onto a loaded replica hold batch slots that later arrivals would
