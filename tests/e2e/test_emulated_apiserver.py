@@ -471,6 +471,8 @@ def test_discovery_never_reads_the_objects(tmp_path: Path, monkeypatch: pytest.M
                 server.url + "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=_crd("late.test")
             )
         scans = []
+        # Counting, not mocking: the real store's iterator still runs; wrapping it is the only way to
+        # observe from outside the server whether discovery read it.
         real_iter = k8s_views.ObjectsArray.__iter__
         monkeypatch.setattr(
             k8s_views.ObjectsArray, "__iter__", lambda self: (scans.append(1), real_iter(self))[1]

@@ -186,7 +186,9 @@ def test_a_classes_file_reaches_every_engine_and_the_router(tmp_path: Path) -> N
 
 def test_no_progress_bar_unless_stderr_is_a_terminal(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """`make demo > log`: the replay's bars would write a redraw per job into the log. An empty trace
-    makes no request (nothing listens at the URL), so only the bar could write to stderr."""
+    makes no request (nothing listens at the URL), so only the bar could write to stderr. Patched, not
+    real: pytest captures stderr, and no terminal can be attached to a test run, so the terminal case
+    sets `isatty` (the one thing the demo asks of stderr) on the real stream."""
     import asyncio
     import sys
 

@@ -72,7 +72,8 @@ def test_kv_preemption_is_never_undone_at_the_same_instant(
 def test_a_clock_that_stops_raises_instead_of_spinning(flat_timing: BatchTimeModel, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     e = _engine(flat_timing, FCFSPolicy(batch_size=64))
     _deadline(e, "a", 10, 10, 100.0)
-    # A livelock needs a scheduling bug; a macro step that does nothing is the smallest one.
+    # A livelock needs a scheduling bug; a macro step that does nothing is the smallest one. Patched:
+    # the guard is there for bugs the real engine does not have (any more), so one must be injected.
     monkeypatch.setattr(Engine, "_run_macro_step", lambda self, t_limit, out: None)
     with pytest.raises(SimulationStalledError, match="without the clock advancing"):
         _run(e, limit=MAX_STALLED_STEPS + 10)

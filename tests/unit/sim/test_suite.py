@@ -68,7 +68,8 @@ def test_no_progress_bar_unless_stderr_is_a_terminal(capsys, monkeypatch) -> Non
     out = capsys.readouterr()
     assert "sim-s" not in out.err  # captured stderr is not a terminal: nothing written
     assert "tok goodput/s" in out.out
-    # the same run on a terminal draws its bar (stderr's isatty is what tqdm is told to check)
+    # the same run on a terminal draws its bar (stderr's isatty is what tqdm is told to check). Patched:
+    # no terminal can be attached to a pytest run, and `isatty` is all the CLI asks of stderr
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     assert _sim(ARGS) == 0
     assert "sim-s" in capsys.readouterr().err
