@@ -153,12 +153,6 @@ def place(
         ],
         dtype=np.float64,
     ).T  # fmt: skip
-    idle = occupied == 0
-    if idle.any() and not idle.all():
-        # A busy replica measures the short step of a small batch; an idle one reports its prior. Scored
-        # as measured, the busy one always looks faster and takes the next request too, until it is
-        # full (docs/benchmarks/sim.md, "Where JITServe loses"). No replica is faster than an idle one.
-        step = np.maximum(step, step[idle].max())
     computed = None
     if cached_tokens is not None:
         cached = np.array([cached_tokens[j] for j in sampled], dtype=np.int64)

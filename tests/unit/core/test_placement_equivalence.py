@@ -60,12 +60,8 @@ def _reference_place(
         cached = np.asarray([cached_tokens[j] for j in sampled], dtype=np.int64)
         table.computed[slots] = np.minimum(cached, request.input_len)
     states = [replicas[j] for j in sampled]
-    # no replica scores faster than the slowest idle one (a busy replica's short measured step)
-    idle_steps = [s.step_time_s for s in states if s.running + s.waiting == 0]
-    busy = any(s.running + s.waiting > 0 for s in states)
-    floor = max(idle_steps) if idle_steps and busy else 0.0
     speed = EngineSpeed(
-        step_time=np.asarray([max(s.step_time_s, floor) for s in states]),  # type: ignore[arg-type]
+        step_time=np.asarray([s.step_time_s for s in states]),  # type: ignore[arg-type]
         prefill_tokens_per_s=np.asarray([s.prefill_tokens_per_s for s in states]),  # type: ignore[arg-type]
     )
     delay = np.asarray([s.queue_delay_s for s in states])
