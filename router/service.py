@@ -30,7 +30,6 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from jitserve.router.accounting import Accounting
-from jitserve.router.admission import Action, Decision, decide
 from jitserve.router.analysis import LengthBounds
 from jitserve.router.auth import Keyring
 from jitserve.router.classes import ClassRegistry
@@ -44,6 +43,7 @@ from jitserve.router.pool import Pool
 from jitserve.router.programs import Program, ProgramTracker, StagePlan
 from jitserve.router.queueing import BestEffortQueue, QueueFullError
 from jitserve.router.replicas import Replica
+from jitserve.scheduler.admission import Action, Decision, decide
 from jitserve.scheduler.analyzer.patterns import PatternStore
 from jitserve.scheduler.goodput import Goodput, RequestRecord
 from jitserve.scheduler.requests import NewRequest

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jitserve.router.admission import decide
+from jitserve.scheduler.admission import decide
 from jitserve.scheduler.analyzer.patterns import guard_late_stage
 from jitserve.scheduler.gmax import GMAXParams
 from jitserve.scheduler.goodput import RequestRecord

@@ -10,13 +10,13 @@ import pytest
 from router_fakes import idle_state, loaded_state
 
 from jitserve.router.accounting import Accounting
-from jitserve.router.admission import Action, decide
 from jitserve.router.auth import Keyring, keys_from_secret_data, parse_keys
 from jitserve.router.classes import table_from_configmap
 from jitserve.router.errors import RouterError
 from jitserve.router.inbound import parse_inbound
 from jitserve.router.programs import ProgramTracker
 from jitserve.router.replicas import Defaults, Health, Replica, effective_state
+from jitserve.scheduler.admission import Action, decide
 from jitserve.scheduler.analyzer.patterns import PatternStore
 from jitserve.scheduler.goodput import RequestRecord
 from jitserve.scheduler.placement import ReplicaState

@@ -1,4 +1,5 @@
-"""Admission and placement: one pure decision per request, over the replicas' effective states.
+"""Admission and placement: one pure decision per request, over the replicas' effective states. The
+router and the simulator both call `decide` (the core, so the simulator never imports the router).
 
 `place` (scheduler/placement.py, the same GMAX analysis every engine runs) picks the replica where the
 request's replica-specific priority is best, or none when no replica can still meet the SLO. Then the
