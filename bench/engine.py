@@ -240,7 +240,7 @@ def scheduler_overhead(model: str, reps: int = 5, requests: int = 64) -> dict[st
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm_harness import make_request, make_scheduler, step
 
-    from jitserve.scheduler.vllm_adapter import JITServeScheduler
+    from jitserve.engine.vllm_adapter import JITServeScheduler
 
     per_step: dict[str, list[float]] = {"vllm": [], "jitserve": []}
     for _ in range(reps):  # alternate, so background load hits both alike

@@ -12,7 +12,7 @@ import sys
 
 # name -> (module with `add_arguments(parser)` and `run(args) -> int`, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "engine": ("jitserve.scheduler.engine_cli", "start a vLLM engine with the JITServe scheduler"),
+    "engine": ("jitserve.engine.cli", "start a vLLM engine with the JITServe scheduler"),
     "router": ("jitserve.router.cli", "start the SLO-aware OpenAI-compatible router"),
     "operator": ("jitserve.operator.cli", "run the Kubernetes operator (kopf)"),
     "sim": ("jitserve.sim.cli", "simulate policies on a workload and compare goodput"),

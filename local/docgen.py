@@ -20,7 +20,7 @@ from typing import Any
 COMPONENTS: tuple[tuple[str, str], ...] = (
     ("up", "the local stack (`local/up.py`); see docs/local.md"),
     ("demo", "the local comparison (`local/demo.py`); see docs/local.md"),
-    ("engine", "one vLLM engine with the JITServe scheduler (`scheduler/engine_cli.py`); see docs/engine.md"),
+    ("engine", "one vLLM engine with the JITServe scheduler (`engine/cli.py`); see docs/engine.md"),
     ("router", "the SLO-aware OpenAI router (`router/cli.py`); see docs/api.md"),
     ("operator", "the Kubernetes operator (`operator/cli.py`); see docs/operations.md"),
 )
@@ -140,7 +140,7 @@ def _router_metrics() -> list[tuple[str, str, str, str]]:
 def _engine_metrics() -> list[tuple[str, str, str, str]]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from jitserve.scheduler.engine.state import ClassTotalsModel, EngineState, prometheus_text
+    from jitserve.engine.state import ClassTotalsModel, EngineState, prometheus_text
     from jitserve.scheduler.placement import ClassGoodput
 
     now = time.time()

@@ -338,7 +338,7 @@ class Stack:
         c = self.config
         if port_in_use(c.host, c.port):
             raise StackError(f"port {c.port} on {c.host} is in use; pick another with --port")
-        from jitserve.scheduler.engine.version import is_cpu_build
+        from jitserve.engine.version import is_cpu_build
 
         cpu = is_cpu_build()  # the same test `jitserve engine --device auto` makes
         slots = c.cpu_slots or c.engines

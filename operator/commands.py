@@ -27,7 +27,7 @@ def model_argument(spec: ServingPoolSpec) -> str:
 
 
 def engine_args(spec: ServingPoolSpec, default_class: str) -> list[str]:
-    """`jitserve engine ...` (scheduler/engine_cli.py): JITServe's flags, then '--' and vLLM's."""
+    """`jitserve engine ...` (engine/cli.py): JITServe's flags, then '--' and vLLM's."""
     sched = spec.scheduler
     args = [
         "engine",

@@ -156,10 +156,10 @@ def test_a_classes_file_reaches_every_engine_and_the_router(tmp_path: Path) -> N
     own parsers accept, and the shipped example loads as the router loads it."""
     import argparse
 
+    from jitserve.engine import cli as engine_cli
     from jitserve.local import up
     from jitserve.router import cli as router_cli
     from jitserve.router.classes import table_from_file
-    from jitserve.scheduler import engine_cli
 
     example = Path(__file__).resolve().parents[3] / "docs" / "examples" / "classes-chat-first.json"
     table = table_from_file(str(example), None)

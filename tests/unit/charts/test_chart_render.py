@@ -396,7 +396,7 @@ def _engine_metric_names() -> set[str]:
     needs a running scheduler); counters are exposed with _total."""
     import re
 
-    import jitserve.scheduler.engine.state as state
+    import jitserve.engine.state as state
 
     base = set(re.findall(r'"(jitserve_engine_[a-z0-9_]+)"', Path(state.__file__).read_text()))
     return {n + s for n in base for s in ("", "_total")}

@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
-from jitserve.scheduler.engine.accounting import GoodputWindow
-from jitserve.scheduler.engine.classes import ClassSource
-from jitserve.scheduler.engine.http import JITServeStateMiddleware
-from jitserve.scheduler.engine.runner import FULL, LIGHT, FrameRunner, RunnerConfig
-from jitserve.scheduler.engine.speed import SpeedMeter
-from jitserve.scheduler.engine.state import EngineState, prometheus_text, read_state, write_atomic
-from jitserve.scheduler.engine.xargs import XARGS_KEYS, parse_xargs
-from jitserve.scheduler.engine_cli import ADAPTER_CLS, MIDDLEWARE, add_arguments, build_command
+from jitserve.engine.accounting import GoodputWindow
+from jitserve.engine.classes import ClassSource
+from jitserve.engine.cli import ADAPTER_CLS, MIDDLEWARE, add_arguments, build_command
+from jitserve.engine.http import JITServeStateMiddleware
+from jitserve.engine.runner import FULL, LIGHT, FrameRunner, RunnerConfig
+from jitserve.engine.speed import SpeedMeter
+from jitserve.engine.state import EngineState, prometheus_text, read_state, write_atomic
 from jitserve.scheduler.goodput import RequestRecord
 from jitserve.scheduler.policy import GMAXPolicy
 from jitserve.scheduler.slo import PAPER_CLASSES, SLO, SLOType
+from jitserve.scheduler.xargs import XARGS_KEYS, parse_xargs
 
 # ------------------------------------------------------------------------------------------- xargs
 
@@ -262,7 +262,7 @@ def test_middleware_serves_state_schema_and_metrics(tmp_path: Path) -> None:
 
 
 def test_prometheus_text_names_and_labels() -> None:
-    from jitserve.scheduler.engine.state import ClassTotalsModel
+    from jitserve.engine.state import ClassTotalsModel
     from jitserve.scheduler.placement import ClassGoodput
 
     st = _state(

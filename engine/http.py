@@ -1,5 +1,5 @@
 """Engine-pod HTTP endpoints, added to vLLM's API server with `--middleware
-jitserve.scheduler.engine.http.JITServeStateMiddleware` (a supported vLLM extension point):
+jitserve.engine.http.JITServeStateMiddleware` (a supported vLLM extension point):
 
 - `GET /jitserve/state`: the `EngineState` JSON the scheduler last wrote (503 before the first frame);
 - `GET /jitserve/state/schema`: its JSON schema;
@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from jitserve.scheduler.engine.state import prometheus_text, read_state, state_schema
+from jitserve.engine.state import prometheus_text, read_state, state_schema
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -1,12 +1,12 @@
 """The JITServe scheduler inside vLLM's V1 engine.
 
-Loaded with `--scheduler-cls jitserve.scheduler.vllm_adapter.JITServeScheduler`.
+Loaded with `--scheduler-cls jitserve.engine.vllm_adapter.JITServeScheduler`.
 
 A subclass of `AsyncScheduler` (subclassing the sync `Scheduler` would turn off async overlap) that
 overrides hooks only; vLLM's own `schedule()` still builds every batch. Around it:
 
 - `add_request`: resolve the SLO from `SamplingParams.extra_args` (`vllm_xargs`, keys in
-  `jitserve.scheduler.engine.xargs`) and add the request to the runner's table;
+  `jitserve.scheduler.xargs`) and add the request to the runner's table;
 - `schedule` (wrapper): every step drop waiting requests past their waiting_time; at frame boundaries
   (and lightly when the queue changed) sync the table, run the policy and carry out its `FramePlan`:
   preempt exactly `plan.preempt` (vLLM V1 preempts by recompute), reorder the waiting queue (and the
@@ -34,9 +34,9 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus
 
-from jitserve.scheduler.engine.runner import FrameRunner, RunnerConfig
-from jitserve.scheduler.engine.state import StatePublisher
-from jitserve.scheduler.engine.version import check_vllm_version
+from jitserve.engine.runner import FrameRunner, RunnerConfig
+from jitserve.engine.state import StatePublisher
+from jitserve.engine.version import check_vllm_version
 from jitserve.scheduler.gmax import FramePlan
 
 log = logging.getLogger("jitserve.engine")

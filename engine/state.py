@@ -3,7 +3,7 @@
 vLLM runs the scheduler in its engine-core process and HTTP in the API-server process. The scheduler
 hands a fresh `EngineState` to a `StatePublisher`, whose thread atomically writes it as JSON into the
 engine's runtime dir (`state.json`: write a temp file, then rename). The API server's middleware
-(`jitserve.scheduler.engine.http`) reads that file per request. Why a file: it survives either process
+(`jitserve.engine.http`) reads that file per request. Why a file: it survives either process
 restarting, needs no extra port or protocol, costs one small write per frame off the scheduling thread,
 and is trivial to inspect (`cat`). See docs/decisions/engine.md.
 
