@@ -22,8 +22,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jitserve.router.errors import RouterError
+from jitserve.router.http import error_response
 from jitserve.router.inbound import MAX_SLO_SECONDS, Kind
-from jitserve.router.service import Router, error_response
+from jitserve.router.service import Router
 
 log = logging.getLogger("jitserve.router")
 

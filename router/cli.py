@@ -2,7 +2,8 @@
 
 Every option can also come from the environment: `JITSERVE_ROUTER_<OPTION>` with dashes as
 underscores (e.g. `JITSERVE_ROUTER_K=2`); a flag on the command line wins. Module-level imports stay
-light (argparse, os) because `jitserve --help` imports every component's CLI.
+light (argparse, os, the standard-library config.py) because `jitserve --help` imports every
+component's CLI. Flag defaults are RouterConfig's own: declared once, in config.py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import argparse
 import os
 from typing import Any
 
+from jitserve.router.config import RouterConfig
+
 ENV_PREFIX = "JITSERVE_ROUTER_"
+_C = RouterConfig()  # every flag's default is the config's own (declared once, in config.py)
 
 
 def _env(name: str, default: Any) -> Any:
@@ -77,28 +81,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--poll-interval",
         type=float,
-        default=_env("poll-interval", 0.25),
+        default=_env("poll-interval", _C.poll_interval_s),
         help="seconds between polls of each engine's /jitserve/state",
     )
     g.add_argument(
-        "--poll-timeout", type=float, default=_env("poll-timeout", 1.0), help="timeout of one poll, seconds"
+        "--poll-timeout",
+        type=float,
+        default=_env("poll-timeout", _C.poll_timeout_s),
+        help="timeout of one poll, seconds",
     )
     g.add_argument(
         "--stale-after",
         type=float,
-        default=_env("stale-after", 2.0),
+        default=_env("stale-after", _C.defaults.stale_after_s),
         help="seconds after which a pod's reported state is stale (router falls back to its own counts)",
     )
     g.add_argument(
         "--down-after",
         type=int,
-        default=_env("down-after", 2),
+        default=_env("down-after", _C.down_after),
         help="failed polls in a row before a pod is excluded (connection refused excludes at once)",
     )
     g.add_argument(
         "--unresponsive-timeout",
         type=float,
-        default=_env("unresponsive-timeout", 10.0),
+        default=_env("unresponsive-timeout", _C.unresponsive_timeout_s),
         help="after a poll or request timed out on a pod, its GET /health gets this long to answer; "
         "no answer: the pod is down, its requests end (retried elsewhere if nothing was sent yet)",
     )
@@ -139,80 +146,80 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("admission and placement")
     g.add_argument(
-        "--k", type=int, default=_env("k", None), help="pods sampled per request (power-of-K); default all"
+        "--k", type=int, default=_env("k", _C.k), help="pods sampled per request (power-of-K); default all"
     )
     g.add_argument(
         "--max-inflight",
         type=int,
-        default=_env("max-inflight", 4096),
+        default=_env("max-inflight", _C.max_inflight),
         help="requests open in the router at once; more get 429 router_overloaded",
     )
     g.add_argument(
         "--max-body-bytes",
         type=int,
-        default=_env("max-body-bytes", 4 * 1024 * 1024),
+        default=_env("max-body-bytes", _C.max_body_bytes),
         help="largest request body; larger gets 413",
     )
     g.add_argument(
         "--max-retries",
         type=int,
-        default=_env("max-retries", 2),
+        default=_env("max-retries", _C.max_retries),
         help="other pods tried when a pod fails before the first token",
     )
     g.add_argument(
         "--first-token-grace",
         type=float,
-        default=_env("first-token-grace", 5.0),
+        default=_env("first-token-grace", _C.first_token_grace_s),
         help="streaming: drop when no token came within waiting_time + prefill estimate + this",
     )
     g.add_argument(
         "--default-max-tokens",
         type=int,
-        default=_env("default-max-tokens", 1024),
+        default=_env("default-max-tokens", _C.default_max_tokens),
         help="output length bound for requests without max_tokens",
     )
     g.add_argument(
         "--connect-timeout",
         type=float,
-        default=_env("connect-timeout", 2.0),
+        default=_env("connect-timeout", _C.connect_timeout_s),
         help="engine connect timeout, s",
     )
     g.add_argument(
         "--max-connecting",
         type=int,
-        default=_env("max-connecting", 64),
+        default=_env("max-connecting", _C.max_connecting),
         help="new engine connections set up at once; more wait their turn (not counted in --connect-timeout)",
     )
     g.add_argument(
         "--header-timeout",
         type=float,
-        default=_env("header-timeout", 30.0),
+        default=_env("header-timeout", _C.header_timeout_s),
         help="streaming: an engine's response headers within this, else the request is retried on another "
         "engine and the engine probed, s",
     )
     g.add_argument(
         "--best-effort-queue",
         type=int,
-        default=_env("best-effort-queue", 2048),
+        default=_env("best-effort-queue", _C.best_effort_queue),
         help="best-effort (no SLO) requests waiting in the router for room at the engines; "
         "more get 429 queue_full with Retry-After",
     )
     g.add_argument(
         "--best-effort-slots",
         type=int,
-        default=_env("best-effort-slots", 0),
+        default=_env("best-effort-slots", _C.best_effort_slots),
         help="best-effort requests open at each engine at once; 0: twice the engine's batch size",
     )
     g.add_argument(
         "--best-effort-max-wait",
         type=float,
-        default=_env("best-effort-max-wait", 600.0),
+        default=_env("best-effort-max-wait", _C.best_effort_max_wait_s),
         help="a queued best-effort request gets 503 no_replica only after this long with no usable engine, s",
     )
     g.add_argument(
         "--read-timeout",
         type=float,
-        default=_env("read-timeout", 600.0),
+        default=_env("read-timeout", _C.read_timeout_s),
         help="longest silence tolerated from an engine mid-response, s",
     )
     g.add_argument(
@@ -225,32 +232,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--default-step-time",
         type=float,
-        default=_env("default-step-time", 0.05),
+        default=_env("default-step-time", _C.defaults.step_time_s),
         help="decode step seconds assumed for engines that report no state",
     )
     g.add_argument(
         "--default-prefill-rate",
         type=float,
-        default=_env("default-prefill-rate", 2000.0),
+        default=_env("default-prefill-rate", _C.defaults.prefill_tokens_per_s),
         help="prompt tokens/s assumed for engines that report no state",
     )
     g.add_argument(
         "--default-batch-size",
         type=int,
-        default=_env("default-batch-size", 8),
+        default=_env("default-batch-size", _C.defaults.batch_size),
         help="batch size assumed for engines that report no state",
     )
-    g.add_argument("--seed", type=int, default=_env("seed", None), help="seed of power-of-K sampling")
+    g.add_argument("--seed", type=int, default=_env("seed", _C.seed), help="seed of power-of-K sampling")
 
     g = parser.add_argument_group("compound programs and status")
     g.add_argument(
         "--program-idle-timeout",
         type=float,
-        default=_env("program-idle-timeout", 60.0),
+        default=_env("program-idle-timeout", _C.program_idle_timeout_s),
         help="a program ends after this many seconds without calls",
     )
     g.add_argument(
-        "--max-programs", type=int, default=_env("max-programs", 10000), help="programs tracked at once"
+        "--max-programs",
+        type=int,
+        default=_env("max-programs", _C.max_programs),
+        help="programs tracked at once",
     )
     g.add_argument(
         "--length-predictor",
@@ -261,7 +271,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--length-refit-interval",
         type=float,
-        default=_env("length-refit-interval", 60.0),
+        default=_env("length-refit-interval", _C.length_refit_interval_s),
         help="seconds between QRF refits at least (a fit costs seconds of CPU)",
     )
     g.add_argument(
@@ -273,7 +283,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--status-window",
         type=int,
-        default=_env("status-window", 60),
+        default=_env("status-window", _C.status_window_s),
         help="seconds of history in GET /jitserve/status",
     )
 
@@ -285,9 +295,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
     from jitserve.router.app import serve_app
     from jitserve.router.auth import Keyring, keys_from_secret_data, parse_keys
     from jitserve.router.classes import ClassRegistry, table_from_configmap, table_from_file
-    from jitserve.router.config import RouterConfig
+    from jitserve.router.config import Defaults
     from jitserve.router.pool import Pool
-    from jitserve.router.replicas import Defaults
     from jitserve.router.service import Router
 
     if not args.engines and not args.engine_selector:
@@ -298,7 +307,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         batch_size=args.default_batch_size,
         stale_after_s=args.stale_after,
     )
-    drop_reasons = args.drop_finish_reason or ["abort"]
+    drop_reasons = args.drop_finish_reason or sorted(_C.drop_finish_reasons)
     config = RouterConfig(
         k=args.k,
         max_inflight=args.max_inflight,
@@ -323,6 +332,10 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         pattern_graphs=args.subdeadlines == "pattern-graph",
         seed=args.seed,
         defaults=defaults,
+        poll_interval_s=args.poll_interval,
+        poll_timeout_s=args.poll_timeout,
+        down_after=args.down_after,
+        unresponsive_timeout_s=args.unresponsive_timeout,
     )
     registry = ClassRegistry()
     if args.classes_file:
@@ -340,13 +353,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.auth_file:
         with open(args.auth_file, encoding="utf-8") as f:
             keyring.replace(parse_keys(f.read(), args.auth_file))
-    pool = Pool(
-        defaults,
-        poll_interval_s=args.poll_interval,
-        poll_timeout_s=args.poll_timeout,
-        down_after=args.down_after,
-        unresponsive_timeout_s=args.unresponsive_timeout,
-    )
+    pool = Pool.from_config(config)
     router = Router(config, pool, registry, keyring)
     background: list[Any] = [lambda: pool.run(router.poll_session())]
 

@@ -1,10 +1,24 @@
-"""The router's settings: one frozen dataclass built from flags and environment by cli.py."""
+"""The router's settings: one frozen dataclass built from flags and environment by cli.py.
+
+Every default is declared here once; cli.py reads its flag defaults from these fields (and `Pool` its
+own), so a flag and the code it configures cannot disagree. Standard library only: `jitserve --help`
+imports the CLI, which reads these defaults.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jitserve.router.replicas import Defaults
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """Speeds assumed for replicas without state (plain vLLM engines, or before the first report)."""
+
+    step_time_s: float = 0.05
+    prefill_tokens_per_s: float = 2000.0
+    batch_size: int = 8
+    assumed_output_tokens: int = 128  # per queued request, to turn queue length into delay
+    stale_after_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -35,3 +49,8 @@ class RouterConfig:
     pattern_graphs: bool = True  # compound sub-deadlines from matched pattern graphs
     seed: int | None = None
     defaults: Defaults = field(default_factory=Defaults)
+    # replica polling (router/pool.py)
+    poll_interval_s: float = 0.25  # a pod's report is at most this old (plus its own frame)
+    poll_timeout_s: float = 1.0  # one poll; a late answer makes the report stale, not the pod down
+    down_after: int = 2  # failed polls in a row before a pod is excluded (refused: at once)
+    unresponsive_timeout_s: float = 10.0  # a pod silent this long to its health probe is hung

@@ -1,6 +1,6 @@
 """What the router sends to the engine: the client's body plus the resolved SLO in `vllm_xargs`.
 
-Keys are the engine's contract (scheduler/engine/xargs.py). The engine gets explicit numbers, not
+Keys are the engine's contract (scheduler/xargs.py). The engine gets explicit numbers, not
 only a class name, so a router and an engine that briefly disagree about a class (a ConfigMap edit
 propagating) still agree about this request; a class the engine does not know is never sent (the
 engine would fall back to its default class). A compound stage carries its sub-deadline D_s as
@@ -17,7 +17,7 @@ from jitserve.scheduler.slo import SLO, SLOType
 CUSTOM_CLASS = "custom"  # resolve_request_slo's name for explicit fields without a class
 MIN_SECONDS = 0.001
 BEST_EFFORT_WAITING_TIME = 86_400.0  # the SLO model's largest time (scheduler/slo.py: PositiveSeconds)
-# Every key the engine schedules by (scheduler/engine/xargs.py): only the router may set them.
+# Every key the engine schedules by (scheduler/xargs.py): only the router may set them.
 ENGINE_KEYS = frozenset(
     {
         "slo_class",
@@ -69,13 +69,31 @@ def engine_xargs(
     return x
 
 
+class EngineBody:
+    """The engine's request body, serialised once per request: the client's body (router fields and
+    its `vllm_xargs` taken out) as JSON bytes; each attempt only splices in its own `vllm_xargs`
+    (deadlines are relative to the moment of sending, so they differ between retries)."""
+
+    __slots__ = ("_head", "_client_xargs")
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        rest = {k: v for k, v in body.items() if k != "vllm_xargs"}
+        client = body.get("vllm_xargs")
+        self._client_xargs = (
+            {k: v for k, v in client.items() if k not in ENGINE_KEYS} if isinstance(client, dict) else {}
+        )
+        head = json.dumps(rest, separators=(",", ":")).encode()
+        # `{...}` without its closing brace, ready for one more member
+        self._head = head[:-1] + b"," if rest else b"{"
+
+    def with_xargs(self, xargs: dict[str, Any]) -> bytes:
+        """The body with `vllm_xargs` = the client's own (minus the engine's scheduling keys) + `xargs`:
+        the router's resolution wins, so a client cannot give itself a tighter SLO than admission
+        checked, another tenant, or a smaller length bound."""
+        merged = {**self._client_xargs, **xargs} if self._client_xargs else xargs
+        return self._head + b'"vllm_xargs":' + json.dumps(merged, separators=(",", ":")).encode() + b"}"
+
+
 def forward_body(body: dict[str, Any], xargs: dict[str, Any]) -> bytes:
-    """The engine's request body. The client's own vllm_xargs survive except the engine's scheduling
-    keys: the router's resolution wins, so a client cannot give itself a tighter SLO than admission
-    checked, another tenant, or a smaller length bound."""
-    out = dict(body)
-    client = out.get("vllm_xargs")
-    merged = {k: v for k, v in client.items() if k not in ENGINE_KEYS} if isinstance(client, dict) else {}
-    merged.update(xargs)
-    out["vllm_xargs"] = merged
-    return json.dumps(out, separators=(",", ":")).encode()
+    """The engine's request body for one attempt (`EngineBody` when there may be several)."""
+    return EngineBody(body).with_xargs(xargs)

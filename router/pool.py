@@ -15,25 +15,28 @@ import time
 from collections.abc import Callable
 
 import aiohttp
+import numpy as np
 from pydantic import ValidationError
 
-from jitserve.router.replicas import Defaults, Health, Replica, effective_state
+from jitserve.router.config import Defaults, RouterConfig
+from jitserve.router.replicas import MEMBERSHIP, Health, Replica
 from jitserve.scheduler.placement import ReplicaState
 
 log = logging.getLogger("jitserve.router.pool")
 
 STATE_PATH = "/jitserve/state"
+_C = RouterConfig()  # the defaults, declared once
 
 
 class Pool:
     def __init__(
         self,
         defaults: Defaults = Defaults(),
-        poll_interval_s: float = 0.5,
-        poll_timeout_s: float = 1.0,
-        down_after: int = 2,
+        poll_interval_s: float = _C.poll_interval_s,
+        poll_timeout_s: float = _C.poll_timeout_s,
+        down_after: int = _C.down_after,
         clock: Callable[[], float] = time.monotonic,
-        unresponsive_timeout_s: float = 10.0,
+        unresponsive_timeout_s: float = _C.unresponsive_timeout_s,
     ) -> None:
         self.defaults = defaults
         self.poll_interval_s = poll_interval_s
@@ -50,6 +53,23 @@ class Pool:
         self.client: aiohttp.ClientSession | None = None  # the polls' session (probes use it too)
         self._models_polls: dict[str, int] = {}
         self._probes: set[asyncio.Task[None]] = set()
+        # Per model, the replicas that may serve it (healthy, not down), rebuilt only after a replica's
+        # health, down flag or models changed (replicas.MEMBERSHIP), never per request.
+        self._serving: dict[str, list[Replica]] = {}
+        self._models: frozenset[str] = frozenset()
+        self._index_version = -1
+        self._turn = 0  # rotates the order placement sees, so exact ties take turns
+
+    @classmethod
+    def from_config(cls, config: RouterConfig, clock: Callable[[], float] = time.monotonic) -> Pool:
+        return cls(
+            config.defaults,
+            poll_interval_s=config.poll_interval_s,
+            poll_timeout_s=config.poll_timeout_s,
+            down_after=config.down_after,
+            clock=clock,
+            unresponsive_timeout_s=config.unresponsive_timeout_s,
+        )
 
     # -- discovery -----------------------------------------------------------------------------------
     def set_targets(self, targets: dict[str, str]) -> None:
@@ -60,29 +80,66 @@ class Pool:
         for name, url in targets.items():
             if name not in self.replicas:
                 self.replicas[name] = Replica(name=name, url=url.rstrip("/"))
+        self._index_version = -1
 
     # -- candidates ----------------------------------------------------------------------------------
-    def models(self) -> set[str]:
-        out: set[str] = set()
-        for r in self.replicas.values():
-            if not r.down:
-                out |= r.models
-        return out
+    def _index(self) -> dict[str, list[Replica]]:
+        if self._index_version != MEMBERSHIP.version:
+            serving: dict[str, list[Replica]] = {}
+            models: set[str] = set()
+            for r in self.replicas.values():
+                if r.down:
+                    continue
+                models |= r.models
+                if r.healthy:
+                    for m in r.models:
+                        serving.setdefault(m, []).append(r)
+            self._serving, self._models = serving, frozenset(models)
+            self._index_version = MEMBERSHIP.version
+        return self._serving
+
+    def models(self) -> frozenset[str]:
+        """Model names of the replicas that are not down (kept with the per-model index)."""
+        self._index()
+        return self._models
+
+    def serving(self, model: str) -> list[Replica]:
+        """Replicas that may take requests for `model` now (fresh, stale or stateless)."""
+        return self._index().get(model, [])
 
     def candidates(
-        self, model: str, exclude: frozenset[str] = frozenset()
+        self,
+        model: str,
+        exclude: frozenset[str] = frozenset(),
+        k: int | None = None,
+        rng: np.random.Generator | None = None,
     ) -> tuple[list[Replica], list[ReplicaState]]:
+        """K replicas for `model` sampled first (all of them when `k` is None), then only their states
+        read: the cost is O(K), not O(replicas). The same draw as `place(k=k)` makes, so handing
+        `place` these K states with k=None decides as `place` over all of them would. The order is
+        rotated per call: `place` breaks exact ties (stateless engines with nothing open, say) by
+        position, and a fixed order would herd them all onto the first replica."""
+        reps = self.serving(model)
+        if exclude:
+            reps = [r for r in reps if r.name not in exclude]
+        m = len(reps)
+        if m == 0:
+            return [], []
+        if k is not None and k < m:
+            rng = rng or np.random.default_rng()
+            reps = [reps[j] for j in np.sort(rng.choice(m, size=max(k, 1), replace=False))]
+        turn = self._turn = (self._turn + 1) % len(reps)
+        if turn:
+            reps = reps[turn:] + reps[:turn]
         now_mono, now_wall = self.clock(), time.time()
-        reps: list[Replica] = []
+        out_reps: list[Replica] = []
         states: list[ReplicaState] = []
-        for r in self.replicas.values():
-            if r.name in exclude or not r.serves(model):
-                continue
-            s = effective_state(r, now_wall, now_mono, self.defaults)
+        for r in reps:
+            s = r.placement_state(now_wall, now_mono, self.defaults)
             if s is not None:
-                reps.append(r)
+                out_reps.append(r)
                 states.append(s)
-        return reps, states
+        return out_reps, states
 
     def health_counts(self) -> dict[str, int]:
         now = self.clock()
@@ -194,7 +251,8 @@ class Pool:
                 if self._stalled(r, state):
                     return  # its scheduler stopped stepping: down until its report moves again
                 r.state, r.state_at, r.sent_since_state = state, self.clock(), 0
-                r.models = r.models | {state.model}
+                if state.model not in r.models:
+                    r.models = r.models | {state.model}
             elif status in (404, 503):
                 # 404: a plain engine without JITServe state; 503: a JITServe engine before its first
                 # frame (frames run only once requests arrive). Either way: healthy if /health answers.
@@ -227,7 +285,7 @@ class Pool:
     def _stalled(self, r: Replica, state: ReplicaState) -> bool:
         """A JITServe engine whose HTTP server answers but whose scheduler is stuck (a hung GPU call):
         the engine refreshes its report's `updated_at` about every second while it is idle or stepping
-        (scheduler/engine/state.py), so a report that has not moved for --unresponsive-timeout while
+        (engine/state.py), so a report that has not moved for --unresponsive-timeout while
         requests of ours sit on it and none of its streams sent a byte is a stuck engine. (Its /health
         still answers: vLLM's does not look at the engine core's progress.)"""
         now = self.clock()

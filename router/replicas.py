@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from jitserve.router.config import Defaults
 from jitserve.scheduler.placement import ReplicaState
 
 
@@ -25,15 +26,19 @@ class Health(StrEnum):
     DOWN = "down"
 
 
-@dataclass(frozen=True, slots=True)
-class Defaults:
-    """Speeds assumed for replicas without state (plain vLLM engines, or before the first report)."""
+# Fields that decide which replicas may serve which model: writing one bumps `MEMBERSHIP.version`, so
+# the pool rebuilds its per-model index only after such a write, never per request.
+_MEMBERSHIP_FIELDS = frozenset({"healthy", "down", "models"})
 
-    step_time_s: float = 0.05
-    prefill_tokens_per_s: float = 2000.0
-    batch_size: int = 8
-    assumed_output_tokens: int = 128  # per queued request, to turn queue length into delay
-    stale_after_s: float = 2.0
+
+class _Version:
+    __slots__ = ("version",)
+
+    def __init__(self) -> None:
+        self.version = 0
+
+
+MEMBERSHIP = _Version()
 
 
 @dataclass(eq=False)
@@ -54,7 +59,15 @@ class Replica:
     probing: bool = False  # a liveness probe is out (a poll or a request timed out on it)
     last_byte: float = -math.inf  # router clock of the last bytes relayed from it (it is alive)
     state_moved_at: float = -math.inf  # router clock when its report's updated_at last advanced
-    attempts: set = field(default_factory=set)  # requests on it that can be ended (service.Attempt)
+    attempts: set = field(default_factory=set)  # requests on it that can be ended (upstream.Attempt)
+    # effective_state's last answer and what it was computed from (placement_state)
+    _view: ReplicaState | None = field(default=None, repr=False)
+    _view_key: tuple = field(default=(), repr=False)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        if name in _MEMBERSHIP_FIELDS:
+            MEMBERSHIP.version += 1
 
     def health(self, now: float, stale_after: float) -> Health:
         if self.down:
@@ -67,6 +80,24 @@ class Replica:
 
     def serves(self, model: str) -> bool:
         return model in self.models
+
+    def placement_state(self, now_wall: float, now_mono: float, defaults: Defaults) -> ReplicaState | None:
+        """`effective_state`, recomputed only when what it depends on changed (a poll's report, a
+        dispatch, a release while the report is stale or absent, the report going stale): a request
+        reads the sampled replicas' states, it copies none of them."""
+        health = self.health(now_mono, defaults.stale_after_s)
+        if health is Health.FRESH:
+            count = self.sent_since_state
+        elif health is Health.STALE or health is Health.STATELESS:
+            count = self.inflight
+        else:
+            return None
+        key = self._view_key
+        if key and key[0] is health and key[1] is self.state and key[2] == count:
+            return self._view
+        view = effective_state(self, now_wall, now_mono, defaults)
+        self._view, self._view_key = view, (health, self.state, count)
+        return view
 
 
 def _overflow_delay(queued: int, batch: int, step_time: float, defaults: Defaults) -> float:

@@ -207,11 +207,8 @@ def test_length_bounds_start_at_max_tokens_and_learn_from_finished_requests() ->
 
 
 def test_slo_resolution_is_cached_per_class_table_and_follows_a_swap() -> None:
-    from jitserve.router.auth import Keyring
     from jitserve.router.classes import ClassRegistry
-    from jitserve.router.config import RouterConfig
-    from jitserve.router.pool import Pool
-    from jitserve.router.service import Router
+    from jitserve.router.resolution import Resolver
 
     classes = {
         "a": {"type": "deadline", "deadlineSeconds": 3, "default": True},
@@ -220,20 +217,20 @@ def test_slo_resolution_is_cached_per_class_table_and_follows_a_swap() -> None:
     first = table_from_configmap({"classes.json": json.dumps(classes)}, None, "1")
     registry = ClassRegistry(first)
 
-    def router() -> Router:
-        return Router(RouterConfig(length_predictor=False), Pool(), registry, Keyring())
+    def router() -> Resolver:
+        return Resolver(registry)
 
     cached = router()
 
-    def resolve(r: Router, body: dict) -> tuple:
-        return r._resolve(parse_inbound("completion", {"model": "m", "prompt": "x", **body}, {}))
+    def resolve(r: Resolver, body: dict) -> tuple:
+        return r.resolve(parse_inbound("completion", {"model": "m", "prompt": "x", **body}, {}))
 
     bodies = [{}, {"slo_class": "a"}, {"slo_class": "s"}, {"slo_class": "s", "program_stages": 3}]
     for body in bodies * 2:  # the second pass answers from the cache: the same as a fresh router's answer
         assert resolve(cached, body) == resolve(router(), body)
-    assert len(cached._resolved) == len(bodies)
+    assert len(cached.cache) == len(bodies)
     assert resolve(cached, {"slo_class": "a", "deadline": 9})[1].deadline == 9  # explicit numbers: not cached
-    assert len(cached._resolved) == len(bodies)
+    assert len(cached.cache) == len(bodies)
     registry.replace(
         table_from_configmap(
             {"classes.json": json.dumps({"a": {"type": "deadline", "deadlineSeconds": 5}})}, None, "2"

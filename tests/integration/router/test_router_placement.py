@@ -53,8 +53,9 @@ def test_a_killed_pod_stops_receiving_requests(
     fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter]
 ) -> None:
     a, b = fake_engines
-    # b is slower, so an idle a is always preferred while it lives
-    b.state = idle_state("b", step_time_s=0.08)
+    # b is busier, so an idle a is always preferred while it lives (a slower step alone would not do:
+    # place() ranks at the slowest reported step, and exact ties take turns)
+    b.state = idle_state("b", running=2)
     r = start_router("--engines", f"{a.url},{b.url}", ready=2)
     c = client(r)
     c.completions.create(model=MODEL, prompt="x", max_tokens=2)
@@ -75,7 +76,7 @@ def test_a_pod_failing_before_the_first_token_is_retried_on_another(
 ) -> None:
     a, b = fake_engines
     a.mode = "fail"  # answers 500 to every completion, while its state looks best
-    b.state = idle_state("b", step_time_s=0.08)
+    b.state = idle_state("b", running=2)
     r = start_router("--engines", f"{a.url},{b.url}", ready=2)
     stream = client(r).chat.completions.create(model=MODEL, messages=MSG, max_tokens=3, stream=True)
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 
+from jitserve.router.dispatch import least_loaded
 from jitserve.router.errors import RateLimitedLog, RouterError
 from jitserve.router.inbound import (
     MAX_JSON_DEPTH,
@@ -18,7 +19,6 @@ from jitserve.router.inbound import (
     parse_json_object,
 )
 from jitserve.router.outbound import engine_xargs
-from jitserve.router.service import least_loaded
 from jitserve.scheduler.placement import ReplicaState
 from jitserve.scheduler.slo import SLO
 
