@@ -31,7 +31,9 @@ takes the wall time it would take at 50 ms per step and TTFT, waiting_time and d
 seconds. Deadline-type work (deadline, compound, best-effort) is shortened by `--deadline-scale` (1/3) in
 output length and deadline together, so its slack (deadline / time to generate) stays the demo's while
 its horizon fits a run. On a slow or busy machine the jobs are therefore short (a few to a few tens of
-tokens): a scheduling comparison at this machine's speed, not a model-quality one.
+tokens): a scheduling comparison at this machine's speed, not a model-quality one. GMAX's frame (50
+steps) is shortened like the jobs (`Shape.frame_steps`), so it too lasts its reference 2.5 s; the
+JITServe engines start after the calibration that sets the shape.
 
 Load: 1.0x is the stock stack's saturation, measured once on a-rr (`jitserve demo`'s closed loop of
 demo-sized requests keeps every batch slot busy: output tokens/s), divided by the mix's mean output
@@ -67,7 +69,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,13 @@ class Shape:
     slo_scale: float = 1.0  # every SLO time x this: the machine's step / 50 ms (`demo.slo_scale_for`)
     length_scale: float = 1.0  # output tokens and prompt words x this, and deadline-type deadlines with them
     deadline_scale: float = 1.0  # deadline-type work (outputs and deadlines) x this, on top
+
+    def frame_steps(self, steps: int = 50) -> int:
+        """GMAX's frame (`jitserve engine --frame-steps`, 50 steps) shortened like the jobs: with the work
+        cut to `length_scale`, a frame spans the wall time it spans at the reference step (2.5 s), as
+        TTFT and deadlines do. Left at 50 steps on a slow machine, one frame (12.7 s at 254 ms) outlasts
+        every SLO of the run, so every request looks urgent to GMAX's reservation."""
+        return max(1, round(steps * self.length_scale))
 
     def tokens(self, cls: str, n: int) -> int:
         k = self.length_scale * (1.0 if cls == "latency" else self.deadline_scale)
@@ -561,17 +570,21 @@ class Fleet:
         vr = [c for c in self.routers.values() if isinstance(c, self.up.Component)]
         return vr + [c for st in self.sets.values() for c in st.components]  # routers first
 
-    def start(self, say: Callable[[str], None]) -> None:
+    def start(self, say: Callable[[str], None], policies: Collection[str] | None = None) -> list[StackSpec]:
+        """Launch the engine sets of `policies` (all when None) and the routers of the stacks on them;
+        returns those stacks."""
         up = self.up
         # vLLM's POST /reset_prefix_cache is served in its dev mode only: each run resets its set's cache.
         os.environ["VLLM_SERVER_DEV_MODE"] = "1"
         t = time.monotonic()
-        for st in self.sets.values():
+        sets = {k: st for k, st in self.sets.items() if policies is None or k in policies}
+        for st in sets.values():
             st.launch_engines()
-        for name, st in self.sets.items():
+        for name, st in sets.items():
             st.wait_engines()
             say(f"engines {name} up at {', '.join(st.engine_urls)} ({time.monotonic() - t:.0f} s)")
-        for spec in self.specs:
+        specs = [s for s in self.specs if s.engines in sets]
+        for spec in specs:
             st = self.sets[spec.engines]
             if spec.router == "jitserve":
                 if st.router is None:
@@ -597,12 +610,19 @@ class Fleet:
             comp.start()
             self.routers[spec.key], self.urls[spec.key] = comp, f"http://127.0.0.1:{port}"
             up.wait_ready(f"{self.urls[spec.key]}/health", [comp], 120.0, self.stop_event)
-        for spec in self.specs:
+        for spec in specs:
             say(f"{spec.key}: {spec.label} at {self.urls[spec.key]}")
-        probe = next((s for s in self.specs if s.engines == "vllm" and s.router != "jitserve"), None)
+        probe = next((s for s in specs if s.engines == "vllm" and s.router != "jitserve"), None)
         if probe is not None and any(s.edf_priority for s in self.specs):
             answer = forwards_priority(self.urls[probe.key], self.model.name)
             say(f"vllm-router forwards `priority`: {answer}")
+        return specs
+
+    def shape_frames(self, frame_steps: int) -> None:
+        """Set GMAX's frame on the JITServe engine set before it starts."""
+        st = self.sets.get("jitserve")
+        if st is not None:
+            st.config.engine_flags = ["--frame-steps", str(frame_steps)]
 
     def check_alive(self) -> None:
         for c in self.components():
@@ -987,6 +1007,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max-num-seqs", type=int, default=8, help="sequences per batch per engine (8)")
     p.add_argument(
+        "--frame-steps",
+        type=int,
+        help="GMAX frame of the JITServe engines, decode steps (default: the engine's 50 x the length "
+        "scale, so a frame lasts the 2.5 s it lasts at 50 ms per step, as the jobs do)",
+    )
+    p.add_argument(
         "--model",
         default=os.environ.get("JITSERVE_MODEL"),
         help="HF model directory (env JITSERVE_MODEL; default: SmolLM2-135M-Instruct, as jitserve up)",
@@ -1210,11 +1236,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.monotonic()
     with up.stop_on_signals(stop):
         try:
-            fleet.start(_say)
-            for s in specs:  # first-request set-up (connections, warm-up) out of the runs
+            # The JITServe engines start after calibration: their frame is shaped like the jobs.
+            first = [p for p in fleet.sets if p != "jitserve"] or list(fleet.sets)
+            for s in fleet.start(_say, first):  # first-request set-up (connections, warm-up) out of the runs
                 asyncio.run(_warm(fleet.urls[s.key], model.name))
             data |= calibrate(args, fleet, specs, model.name, mixes, loads, stop)
             shape = Shape(**data["shape"])
+            data["frame_steps"] = args.frame_steps or shape.frame_steps()
+            fleet.shape_frames(data["frame_steps"])
+            for s in fleet.start(_say, [p for p in fleet.sets if p not in first]):
+                asyncio.run(_warm(fleet.urls[s.key], model.name))
             plan = {"shape": shape, "duration": args.duration}
             with tqdm(total=total_runs, unit="run", disable=not sys.stderr.isatty()) as bar:
                 for n, (seed, m, load) in enumerate(cells):

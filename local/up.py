@@ -255,6 +255,7 @@ class StackConfig:
     policy: str = DEFAULT_POLICY
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     engine_args: list[str] = field(default_factory=list)  # replaces the defaults when non-empty
+    engine_flags: list[str] = field(default_factory=list)  # `jitserve engine` flags, e.g. --frame-steps
     router_args: list[str] = field(default_factory=list)
     log_dir: Path = Path(".")
     ready_timeout_s: float = READY_TIMEOUT_S
@@ -309,6 +310,7 @@ class Stack:
             "--runtime-dir",
             str(c.log_dir / f"engine-{index}"),
             *(["--classes-file", str(c.classes_file)] if c.classes_file else []),
+            *c.engine_flags,
             "--",
             *vllm_args,
         )

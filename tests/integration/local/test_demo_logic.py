@@ -182,6 +182,13 @@ def test_a_classes_file_reaches_every_engine_and_the_router(tmp_path: Path) -> N
     plain = up.Stack(up.StackConfig(model="m", served_name="m", log_dir=tmp_path))
     plain.engine_urls = ["http://127.0.0.1:1"]
     assert "--classes-file" not in plain.engine_command(0, 9000) + plain.router_command()
+    # `jitserve engine`'s own flags (bench/stacks.py's shaped frame) reach its parser, not vLLM's
+    framed = up.Stack(
+        up.StackConfig(model="m", served_name="m", log_dir=tmp_path, engine_flags=["--frame-steps", "10"])
+    )
+    argv = framed.engine_command(0, 9000)
+    args, _ = engine_parser.parse_known_args(argv[argv.index("engine") + 1 :])
+    assert args.frame_steps == 10 and argv.index("--frame-steps") < argv.index("--")
 
 
 def test_no_progress_bar_unless_stderr_is_a_terminal(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]

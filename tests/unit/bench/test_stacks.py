@@ -108,3 +108,11 @@ def test_checks_pass_and_fail_per_cell() -> None:
     assert by["c"]["total"] == pytest.approx(150 / 140)  # below the 1.2x goal: reported as FAIL
     text, _ = stacks.checks(data)
     assert "**FAIL**" in text and "PASS" in text
+
+
+def test_the_frame_is_shortened_like_the_jobs():
+    # 254 ms per step: the jobs are cut to 1 / 5.08 of their tokens, and a 50-step frame to 10 steps,
+    # so the frame lasts the 2.5 s it lasts at 50 ms per step instead of outlasting every SLO (12.7 s)
+    assert stacks.Shape(5.08, 1 / 5.08, 1 / 3).frame_steps() == 10
+    assert stacks.Shape().frame_steps() == 50
+    assert stacks.Shape(200.0, 1 / 200.0).frame_steps() == 1
