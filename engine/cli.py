@@ -22,12 +22,14 @@ import shlex
 import sys
 import tempfile
 
+from jitserve.scheduler.gmax import GMAXParams
 from jitserve.scheduler.policy import POLICY_NAMES
 
 ADAPTER_CLS = "jitserve.engine.vllm_adapter.JITServeScheduler"
 MIDDLEWARE = "jitserve.engine.http.JITServeStateMiddleware"
 JITSERVE_POLICIES = POLICY_NAMES  # behind the JITServe adapter: the core's list, declared once
 STOCK_POLICIES = ("vllm", "vllm-priority")
+_GMAX = GMAXParams()  # GMAX's defaults are declared once, in the core (scheduler/gmax.py)
 ACCEPTS_EXTRA_ARGS = True
 
 
@@ -44,18 +46,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "alone), fcfs, edf, sjf behind the same adapter; vllm / vllm-priority = stock vLLM without the "
         "JITServe scheduler (baselines). Default jitserve",
     )
-    parser.add_argument("--frame-steps", type=int, default=50, help="Delta: engine steps per frame (50)")
+    parser.add_argument(
+        "--frame-steps",
+        type=int,
+        default=_GMAX.frame_steps,
+        help="Delta: engine steps per frame (%(default)s)",
+    )
     parser.add_argument(
         "--cutoff",
         type=float,
-        default=0.95,
-        help="p: GMAX's initial cutoff on the cumulative priority, in (0, 1]; tuned online (0.95)",
+        default=_GMAX.cutoff,
+        help="p: GMAX's initial cutoff on the cumulative priority, in (0, 1]; tuned online (%(default)s)",
     )
     parser.add_argument(
         "--starvation-delta",
         type=float,
-        default=8.0,
-        help="goodput tokens added to a waiting request's priority per frame it waits (8)",
+        default=_GMAX.starvation_delta,
+        help="goodput tokens added to a waiting request's priority per frame it waits (%(default)s)",
     )
     parser.add_argument(
         "--preemption",

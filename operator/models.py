@@ -15,6 +15,9 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from jitserve.operator import validation as v
+from jitserve.scheduler.gmax import GMAXParams
+
+_GMAX = GMAXParams()  # GMAX's defaults are declared once, in the core (scheduler/gmax.py)
 
 
 def _check_quantity(value: str | int) -> str | int:
@@ -162,12 +165,20 @@ class PreemptionMode(StrEnum):
 class SchedulerSpec(_Model):
     """JITServe scheduler parameters (the engine's flags; K goes to the router)."""
 
-    frameSteps: int = Field(50, ge=1, le=10_000, description="Delta: decode steps per scheduling frame")
+    frameSteps: int = Field(
+        _GMAX.frame_steps, ge=1, le=10_000, description="Delta: decode steps per scheduling frame"
+    )
     cutoff: float = Field(
-        0.95, gt=0, le=1, description="p: GMAX's initial cutoff on the cumulative priority (tuned online)"
+        _GMAX.cutoff,
+        gt=0,
+        le=1,
+        description="p: GMAX's initial cutoff on the cumulative priority (tuned online)",
     )
     starvationDelta: float = Field(
-        8.0, ge=0, le=1000, description="goodput tokens added to a waiting request's priority per frame"
+        _GMAX.starvation_delta,
+        ge=0,
+        le=1000,
+        description="goodput tokens added to a waiting request's priority per frame",
     )
     preemption: PreemptionMode = Field(
         PreemptionMode.AUTO,

@@ -1,0 +1,82 @@
+"""GMAX's defaults are declared once (scheduler/gmax.py `GMAXParams`); every other place reads them.
+
+The engine (runner and `jitserve engine`) and the operator's model import them; the generated CRDs and
+the chart's values schema are files, so their defaults are checked here against the same source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from jitserve.engine import cli as engine_cli
+from jitserve.engine.runner import RunnerConfig
+from jitserve.operator.models import SchedulerSpec
+from jitserve.scheduler.gmax import GMAXParams
+
+ROOT = Path(__file__).resolve().parents[3]
+G = GMAXParams()
+# camelCase (CRD, chart) -> GMAXParams field
+CAMEL = {"frameSteps": "frame_steps", "cutoff": "cutoff", "starvationDelta": "starvation_delta"}
+
+
+def test_runner_and_operator_model_defaults_are_gmax_params() -> None:
+    runner, spec = RunnerConfig(), SchedulerSpec()
+    for camel, field in CAMEL.items():
+        assert getattr(runner, field) == getattr(G, field), field
+        assert getattr(spec, camel) == getattr(G, field), camel
+    assert runner.batch_size == G.batch_size
+    # the engine process's settings with nothing set are the same defaults
+    from_env = RunnerConfig.from_env({}, batch_size=G.batch_size, model="m")
+    assert [getattr(from_env, f) for f in CAMEL.values()] == [getattr(G, f) for f in CAMEL.values()]
+
+
+def test_engine_flag_defaults_are_gmax_params() -> None:
+    parser = argparse.ArgumentParser()
+    engine_cli.add_arguments(parser)
+    args = parser.parse_args(["--model", "m"])
+    for field in CAMEL.values():
+        assert getattr(args, field) == getattr(G, field), field
+
+
+def _scheduler_schema(doc: dict[str, Any]) -> dict[str, Any]:
+    spec = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return spec["properties"]["scheduler"]["properties"]
+
+
+@pytest.mark.parametrize(
+    "path", ["crds/jitserve.dev_servingpools.yaml", "charts/crds/jitserve.dev_servingpools.yaml"]
+)
+def test_crd_defaults_are_gmax_params(path: str) -> None:
+    props = _scheduler_schema(yaml.safe_load((ROOT / path).read_text()))
+    for camel, field in CAMEL.items():
+        assert props[camel]["default"] == getattr(G, field), (path, camel)
+
+
+def _find_scheduler(node: Any) -> dict[str, Any] | None:
+    if isinstance(node, dict):
+        sched = node.get("properties", {}).get("scheduler")
+        if isinstance(sched, dict) and "frameSteps" in sched.get("properties", {}):
+            return sched["properties"]
+        for value in node.values():
+            found = _find_scheduler(value)
+            if found is not None:
+                return found
+    elif isinstance(node, list):
+        for value in node:
+            found = _find_scheduler(value)
+            if found is not None:
+                return found
+    return None
+
+
+def test_chart_values_schema_defaults_are_gmax_params() -> None:
+    props = _find_scheduler(json.loads((ROOT / "charts/values.schema.json").read_text()))
+    assert props is not None
+    for camel, field in CAMEL.items():
+        assert props[camel]["default"] == getattr(G, field), camel
