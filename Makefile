@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install tools vllm033 demo up test lint bench
+.PHONY: install tools vllm033 demo up test lint imports bench
 
 install: $(VENV)/.installed tools vllm033
 
@@ -52,11 +52,16 @@ demo: install
 up: install
 	$(VENV)/bin/jitserve up $(UP_ARGS)
 
-lint: install
+# The import contracts of pyproject.toml [tool.importlinter] (docs/architecture.md): lint-imports over a
+# `jitserve` view of the package-dir folders, which lint-imports alone cannot see.
+imports: install
+	$(PY) tests/import_contracts.py
+
+lint: install imports
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: install
+test: install imports
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
 
