@@ -28,7 +28,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -531,22 +531,30 @@ async def measure_capacity(
 # CLI
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, help_overrides: Mapping[str, str] | None = None) -> None:
+    """The demo's options; `help_overrides` (dest -> help) rewords those that mean something else to a
+    command reusing them (`jitserve bench`)."""
     from jitserve.local import up
 
+    reworded = dict(help_overrides or {})
     parser.add_argument(
         "--mode",
         choices=("parallel", "sequential"),
         default="parallel",
-        help="parallel (default): both stacks at once, each engine on its own cores, the trace sent to both "
-        "at the same time, so background load hits both alike; sequential: one stack after the other",
+        help=reworded.pop(
+            "mode",
+            "parallel (default): both stacks at once, each engine on its own cores, the trace sent to both "
+            "at the same time, so background load hits both alike; sequential: one stack after the other",
+        ),
     )
     parser.add_argument(
         "--engines",
         type=int,
         default=None,
-        help="engines per stack (default: 1 in parallel mode, 2 in sequential)",
+        help=reworded.pop("engines", "engines per stack (default: 1 in parallel mode, 2 in sequential)"),
     )
+    if reworded:
+        raise ValueError(f"help_overrides: only mode and engines can be reworded, not {sorted(reworded)}")
     parser.add_argument(
         "--model",
         default=os.environ.get("JITSERVE_MODEL"),

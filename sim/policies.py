@@ -10,7 +10,7 @@ configuration (docs/decisions/sim.md, "Baselines").
 from __future__ import annotations
 
 import dataclasses
-import os
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,7 +20,9 @@ from jitserve.scheduler.policy import EDFPolicy, FCFSPolicy, GMAXPolicy, Policy,
 from jitserve.scheduler.slo import OverloadAction
 from jitserve.sim.profiles import BatchTimeModel, Profile
 
-GMAX_STEP_SHARE = float(os.environ.get("JITSERVE_SIM_GMAX_STEP_SHARE", "0.3"))
+# GMAX's B: the largest batch whose decode step takes at most this share of the tightest TBT
+# (docs/decisions/sim.md). A field of SimContext, not read from the environment (issue 15).
+GMAX_STEP_SHARE = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,7 @@ class SimContext:
     timing: BatchTimeModel
     tightest_tbt: float
     seed: int = 0
+    gmax_step_share: float = GMAX_STEP_SHARE
 
     @property
     def batch_size(self) -> int:
@@ -39,8 +42,8 @@ class SimContext:
     @property
     def gmax_batch_size(self) -> int:
         """GMAX's B: the largest batch whose decode step (2k-token contexts) takes at most
-        `GMAX_STEP_SHARE` of the tightest TBT, capped by max_num_seqs (docs/decisions/sim.md)."""
-        limit = GMAX_STEP_SHARE * self.tightest_tbt
+        `gmax_step_share` of the tightest TBT, capped by max_num_seqs (docs/decisions/sim.md)."""
+        limit = self.gmax_step_share * self.tightest_tbt
         b = 1
         while b < self.batch_size and self.timing.decode_step_time(b + 1, 2048.0) <= limit:
             b += 1
@@ -162,6 +165,10 @@ def _baseline(module: str, attr: str) -> Callable[[SimContext], PolicySetup]:
 FACTORIES: dict[str, Callable[[SimContext], PolicySetup]] = {
     "jitserve": lambda ctx: _jitserve(ctx, oracle=False),
     "jitserve-oracle": lambda ctx: _jitserve(ctx, oracle=True),
+    # B = max_num_seqs, as a real `jitserve engine` runs GMAX (jitserve bench's model of a real stack)
+    "jitserve-engine-batch": lambda ctx: _jitserve(
+        dataclasses.replace(ctx, gmax_step_share=math.inf), oracle=False
+    ),
     # Algorithm 1's ranking alone, preemption at frame boundaries only (the ablation of just-in-time GMAX)
     "jitserve-paper": lambda ctx: _jitserve(ctx, oracle=False, ranking="paper"),
     "jitserve-paper-oracle": lambda ctx: _jitserve(ctx, oracle=True, ranking="paper"),

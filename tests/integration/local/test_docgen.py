@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
-
 from jitserve.local import docgen, up
+from jitserve.settings import OptionRecorder
 
 
 def test_configuration_lists_every_component_and_every_up_flag() -> None:
     text = docgen.configuration()
     for name, _ in docgen.COMPONENTS:
         assert f"## `jitserve {name}`" in text
-    parser = argparse.ArgumentParser()
+    parser = OptionRecorder()
     up.add_arguments(parser)
-    for action in parser._actions:
-        for flag in action.option_strings:
-            if flag not in ("-h", "--help"):
-                assert f"`{flag}`" in text, flag
+    assert parser.recorded
+    for option in parser.recorded:
+        for flag in option.flag.split(", "):
+            assert f"`{flag}`" in text, flag
 
 
 def test_metrics_lists_router_and_engine_families_with_labels() -> None:
