@@ -13,6 +13,6 @@ drives live in `jitserve.scheduler` (the core), which never imports this package
 - `http`: the ASGI middleware that serves that state from vLLM's API server process;
 - `version`: the supported vLLM versions.
 
-The `vllm_xargs` keys (the router -> engine contract) are the core's: `jitserve.scheduler.xargs`.
+The `vllm_xargs` keys (the router -> engine contract) are the core's: `jitserve.scheduler.contracts.xargs`.
 `jitserve.engine.vllm_adapter` is the only module that imports vLLM.
 """

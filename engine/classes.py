@@ -1,11 +1,11 @@
 """The SLO classes an engine resolves requests against, re-read when the file changes.
 
 The operator mounts the pool's classes ConfigMap into the engine pod (keys `classes.json` and
-`default`, see operator/classes_configmap.py); `jitserve engine --classes-file DIR/classes.json` points
-here. Accepted file shapes: a bare map of class name -> SLOClassSpec (camelCase), or the ConfigMap data
-shape `{"classes.json": <map or its JSON text>, "default": name}`. A sibling file named `default` (the
-mounted ConfigMap key) names the default class. Precedence of the default: file > `--default-class` >
-a class marked `default: true` > best-effort.
+`default`; format and parser: scheduler/contracts/classes_configmap.py); `jitserve engine
+--classes-file DIR/classes.json` points here. Accepted file shapes: a bare map of class name ->
+SLOClassSpec (camelCase), or the ConfigMap data shape `{"classes.json": <map or its JSON text>,
+"default": name}`. A sibling file named `default` (the mounted ConfigMap key) names the default class.
+Precedence of the default: file > `--default-class` > a class marked `default: true` > best-effort.
 
 Kubernetes updates a mounted ConfigMap by swapping a symlink, so the file is re-read when its
 (inode, mtime, size) changes; a malformed edit keeps the last good classes and reports the error.
@@ -16,14 +16,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
-from pydantic import ValidationError
-
+from jitserve.scheduler.contracts.classes_configmap import (
+    DEFAULT_KEY,
+    check_default,
+    marked_default,
+    parse_classes_document,
+)
 from jitserve.scheduler.slo import PAPER_CLASSES, SLOClassSpec
-
-CLASSES_KEY = "classes.json"
-DEFAULT_KEY = "default"
 
 
 @dataclass(frozen=True)
@@ -34,21 +34,6 @@ class ClassSnapshot:
     version: int = 0
 
 
-def _parse_map(raw: Any, where: str) -> dict[str, SLOClassSpec]:
-    if not isinstance(raw, dict) or not raw:
-        raise ValueError(f"{where}: expected a non-empty object of class name -> SLOClass spec")
-    out: dict[str, SLOClassSpec] = {}
-    for name, spec in raw.items():
-        try:
-            out[str(name)] = SLOClassSpec.model_validate(spec)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            raise ValueError(
-                f"{where}: class {name!r}: {'.'.join(map(str, err['loc']))}: {err['msg']}"
-            ) from None
-    return out
-
-
 def load_classes(path: str, default_flag: str | None) -> tuple[dict[str, SLOClassSpec], str | None]:
     """Read and validate a classes file; ValueError names the file, class and field."""
     with open(path, encoding="utf-8") as f:
@@ -56,26 +41,13 @@ def load_classes(path: str, default_flag: str | None) -> tuple[dict[str, SLOClas
             raw = json.load(f)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not JSON: {exc}") from None
-    default: str | None = None
-    if isinstance(raw, dict) and CLASSES_KEY in raw:
-        default = raw.get(DEFAULT_KEY) or None
-        raw = raw[CLASSES_KEY]
-        if isinstance(raw, str):
-            try:
-                raw = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: {CLASSES_KEY} is not JSON: {exc}") from None
-    classes = _parse_map(raw, path)
+    classes, default = parse_classes_document(raw, path)
     sibling = os.path.join(os.path.dirname(path), DEFAULT_KEY)
     if default is None and os.path.isfile(sibling):
         with open(sibling, encoding="utf-8") as f:
             default = f.read().strip() or None
-    default = default or default_flag
-    if default is None:
-        marked = sorted(name for name, spec in classes.items() if spec.default)
-        default = marked[0] if marked else None
-    if default is not None and default not in classes:
-        raise ValueError(f"{path}: default class {default!r} is not among {sorted(classes)}")
+    default = default or default_flag or marked_default(classes)
+    check_default(classes, default, path)
     return classes, default
 
 

@@ -36,12 +36,12 @@ from jitserve.engine.state import (
     EngineState,
     RequestDebug,
 )
+from jitserve.scheduler.contracts.replica_report import assemble_replica_state
+from jitserve.scheduler.contracts.xargs import RequestSLO, parse_xargs
 from jitserve.scheduler.gmax import FramePlan, GMAXParams, expired
 from jitserve.scheduler.goodput import RequestRecord
-from jitserve.scheduler.placement import replica_load
-from jitserve.scheduler.policy import POLICY_NAMES, GMAXPolicy, Policy, make_policy
+from jitserve.scheduler.policy import POLICY_NAMES, Policy, make_policy
 from jitserve.scheduler.requests import NewRequest, RequestTable
-from jitserve.scheduler.xargs import RequestSLO, parse_xargs
 
 log = logging.getLogger("jitserve.engine")
 
@@ -122,7 +122,7 @@ class _Meta:
     bound_at: int = 0  # `generated` when the length bound was last refreshed
 
 
-class LengthBounds:
+class EngineLengthBounds:
     """The analyzer's QRF bound (scheduler/analyzer), trained online from finished requests.
 
     Absent analyzer or history -> max_tokens, the only safe bound. Fitting runs on a background thread:
@@ -207,11 +207,11 @@ class FrameRunner:
         self._frame_goodput = 0.0
         self._history: list[dict[str, Any]] = []
         self._next_expiry = float("inf")  # earliest waiting deadline of a never-started request (lower bound)
-        self.bounds: LengthBounds | None = None
+        self.bounds: EngineLengthBounds | None = None
         if config.use_analyzer:
             path = os.path.join(config.runtime_dir, ANALYZER_FILE) if config.runtime_dir else None
             try:
-                self.bounds = LengthBounds(path)
+                self.bounds = EngineLengthBounds(path)
             except ImportError:  # analyzer not installed in this image: bounds stay max_tokens
                 self.bounds = None
 
@@ -459,30 +459,9 @@ class FrameRunner:
         B = self.config.batch_size  # noqa: N806 (the paper's name)
         params = getattr(self.policy, "params", None)
         cutoff = float(params.cutoff) if isinstance(params, GMAXParams) else 1.0
-        load = replica_load(self.table, now, self.meter.speed(), B, cutoff, running, waiting)
         snap = self.classes.snapshot
         totals = {cls: ClassTotalsModel(**vars(t)) for cls, t in self.window.totals.items()}
-        # model_construct: every field is computed here from validated inputs; validating again would
-        # cost more than the rest of the state (it is built several times a second in the step loop).
-        return EngineState.model_construct(
-            pod=self.config.pod,
-            model=self.config.model,
-            step_time_s=self.meter.step_time,
-            prefill_tokens_per_s=self.meter.prefill_tokens_per_s,
-            batch_size=B,
-            running=running,
-            waiting=waiting,
-            committed_bandwidth=load.committed_bandwidth,
-            residual_capacity=B - load.committed_bandwidth,
-            admission_priority=load.admission_priority,
-            queue_delay_s=load.queue_delay_s,
-            kv_usage=min(max(kv_usage, 0.0), 1.0),
-            cutoff=cutoff,
-            frames=self.frames,
-            dropped_total=self.dropped_total,
-            preempted_total=self.preempted_total,
-            goodput=self.window.summary(now),
-            updated_at=now,
+        diagnostics = dict(
             policy=self.policy.name,
             frame_steps=self.frame_steps,
             steps=self.steps,
@@ -495,6 +474,27 @@ class FrameRunner:
             recent=list(self.recent),
             vllm_version=vllm_version,
             started_at=self.started_at,
+        )
+        # validate=False: every field is computed here from validated inputs; validating again would
+        # cost more than the rest of the state (it is built several times a second in the step loop).
+        return assemble_replica_state(
+            self.table,
+            now,
+            self.meter.speed(),
+            pod=self.config.pod,
+            model=self.config.model,
+            batch_size=B,
+            cutoff=cutoff,
+            running=running,
+            waiting=waiting,
+            kv_usage=kv_usage,
+            frames=self.frames,
+            dropped_total=self.dropped_total,
+            preempted_total=self.preempted_total,
+            goodput=self.window.summary(now),
+            state_type=EngineState,
+            extra=diagnostics,
+            validate=False,
         )
 
     def flush_history(self) -> None:
@@ -516,7 +516,3 @@ class FrameRunner:
                 self.bounds.save()
             except OSError as exc:
                 log.warning("jitserve: cannot save length predictor: %s", exc)
-
-
-def is_gmax(policy: Policy) -> bool:
-    return isinstance(policy, GMAXPolicy)

@@ -6,7 +6,7 @@ A subclass of `AsyncScheduler` (subclassing the sync `Scheduler` would turn off 
 overrides hooks only; vLLM's own `schedule()` still builds every batch. Around it:
 
 - `add_request`: resolve the SLO from `SamplingParams.extra_args` (`vllm_xargs`, keys in
-  `jitserve.scheduler.xargs`) and add the request to the runner's table;
+  `jitserve.scheduler.contracts.xargs`) and add the request to the runner's table;
 - `schedule` (wrapper): every step drop waiting requests past their waiting_time; at frame boundaries
   (and lightly when the queue changed) sync the table, run the policy and carry out its `FramePlan`:
   preempt exactly `plan.preempt` (vLLM V1 preempts by recompute), reorder the waiting queue (and the

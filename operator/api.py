@@ -30,10 +30,6 @@ PART_OF = "jitserve"
 # which is what makes reconciliation idempotent and an operator restart a no-op.
 SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
 
-# ConfigMap keys of the classes a pool uses (read by the router; see classes_configmap.py).
-CLASSES_KEY = "classes.json"
-DEFAULT_KEY = "default"
-
 # Longest pool name such that "<pool>-router" etc. stay valid DNS-1035 labels (63 characters).
 MAX_POOL_NAME = 56
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jitserve.operator import api
-from jitserve.operator.classes_configmap import render_data
 from jitserve.operator.commands import CLASSES_MOUNT, MODELS_MOUNT, engine_args, router_args
 from jitserve.operator.models import EngineBackend, ModelSource, ServingPoolSpec
+from jitserve.scheduler.contracts.classes_configmap import render_classes
 from jitserve.scheduler.slo import SLOClassSpec
 
 Manifest = dict[str, Any]
@@ -211,7 +211,7 @@ def classes_configmap(pool: Pool) -> Manifest:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(pool, api.classes_configmap_name(pool.name), "router"),
-        "data": render_data(pool.classes, pool.default_class),
+        "data": render_classes(pool.classes, pool.default_class),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from jitserve.operator import api
 from jitserve.operator.models import ModelSource, ServingPoolSpec
+from jitserve.scheduler.contracts.classes_configmap import CLASSES_KEY
 
 # Where a pool's PersistentVolumeClaim of weights is mounted in the engine pod.
 MODELS_MOUNT = "/models"
@@ -39,7 +40,7 @@ def engine_args(spec: ServingPoolSpec, default_class: str) -> list[str]:
         "--cutoff", repr(sched.cutoff),
         "--starvation-delta", repr(sched.starvationDelta),
         "--preemption", sched.preemption.value,
-        "--classes-file", f"{CLASSES_MOUNT}/{api.CLASSES_KEY}",
+        "--classes-file", f"{CLASSES_MOUNT}/{CLASSES_KEY}",
         "--default-class", default_class,
     ]  # fmt: skip
     if sched.maxNumSeqs is not None:

@@ -1,4 +1,5 @@
-"""kopf wiring: which events reconcile which pools. All decisions live in reconciler.py/reconcile.py.
+"""kopf wiring: which events reconcile which pools. All decisions live in decisions.py (pure) and are
+carried out by reconciler.py.
 
 Loaded by `jitserve operator` (cli.py) after `runtime.configure()`; importing this module registers handlers.
 Every handler is level-based: it re-reads the pool and converges, so duplicated, reordered or

@@ -1,4 +1,4 @@
-"""Reconciliation of one ServingPool against the API server: the plan (reconcile.py) carried out
+"""Reconciliation of one ServingPool against the API server: the plan (decisions.py) carried out
 through the adapter (kube.py). Called by every kopf handler; safe to call any number of times."""
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from typing import Any
 
 from jitserve.operator import api
 from jitserve.operator.children import Images, desired_children, unwanted_children
-from jitserve.operator.events import NORMAL, WARNING, Event, EventRecorder
-from jitserve.operator.kube import ApiError, ChildConflictError, Kube, apply_child, manifest_hash, owned_by
-from jitserve.operator.reconcile import (
+from jitserve.operator.decisions import (
+    PLAN_STATUS_KEYS,
     Failure,
     Observed,
     Plan,
@@ -24,6 +23,8 @@ from jitserve.operator.reconcile import (
     pool_status,
     transition_events,
 )
+from jitserve.operator.events import NORMAL, WARNING, Event, EventRecorder
+from jitserve.operator.kube import ApiError, ChildConflictError, Kube, apply_child, manifest_hash, owned_by
 
 log = logging.getLogger("jitserve.operator")
 
@@ -279,19 +280,7 @@ def _change_events(changes: dict[str, str]) -> list[Event]:
 
 def _strip_unowned(status: dict[str, Any]) -> dict[str, Any]:
     """The part of a live status this operator writes (ignore anything another writer added)."""
-    keys = {
-        "observedGeneration",
-        "conditions",
-        "replicas",
-        "updatedReplicas",
-        "readyReplicas",
-        "routerReadyReplicas",
-        "endpoint",
-        "defaultClass",
-        "selector",
-        "classes",
-        "classesUpdated",
-    }
+    keys = {"observedGeneration", "conditions", *PLAN_STATUS_KEYS, "classes", "classesUpdated"}
     return {k: v for k, v in status.items() if k in keys}
 
 

@@ -2,10 +2,9 @@
 
 Sources, in the order `jitserve router` applies them: the paper's classes (built in), a JSON file
 (`--classes-file`), and the operator's ConfigMap (`--classes-configmap`), which is watched so an edited
-SLOClass reaches a running router without a restart. The ConfigMap format is the operator's contract
-(operator/classes_configmap.py): `classes.json` maps class name -> SLOClassSpec, `default` names the
-class of requests that carry none. This reader tolerates a missing `default` (the flag then decides)
-and reports a malformed payload instead of crashing, keeping the last good classes.
+SLOClass reaches a running router without a restart. The ConfigMap format and its parser are the core's
+(scheduler/contracts/classes_configmap.py). A missing `default` is tolerated (the flag then decides);
+a malformed payload is reported instead of crashing, keeping the last good classes.
 """
 
 from __future__ import annotations
@@ -13,14 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from pydantic import ValidationError
-
+from jitserve.scheduler.contracts.classes_configmap import (
+    check_default,
+    marked_default,
+    parse_classes,
+    parse_classes_document,
+)
 from jitserve.scheduler.slo import PAPER_CLASSES, SLOClassSpec
-
-CLASSES_KEY = "classes.json"
-DEFAULT_KEY = "default"
 
 
 @dataclass(frozen=True)
@@ -34,38 +33,13 @@ class ClassTable:
     def default_class(self) -> str | None:
         if self.default is not None and self.default in self.classes:
             return self.default
-        marked = sorted(name for name, spec in self.classes.items() if spec.default)
-        return marked[0] if marked else None
-
-
-def parse_classes(raw: Mapping[str, Any], where: str) -> dict[str, SLOClassSpec]:
-    """class name -> spec dict, validated; ValueError names the class and the field."""
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"{where}: expected an object of class name -> SLOClass spec")
-    classes: dict[str, SLOClassSpec] = {}
-    for name, spec in raw.items():
-        try:
-            classes[str(name)] = SLOClassSpec.model_validate(spec)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(map(str, err["loc"]))
-            raise ValueError(f"{where}: class {name!r}: {loc}: {err['msg']}") from None
-    if not classes:
-        raise ValueError(f"{where}: no classes")
-    return classes
+        return marked_default(self.classes)
 
 
 def table_from_configmap(data: Mapping[str, str], default_flag: str | None, where: str) -> ClassTable:
-    if CLASSES_KEY not in data:
-        raise ValueError(f"{where}: missing key {CLASSES_KEY!r}")
-    try:
-        raw = json.loads(data[CLASSES_KEY])
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: {CLASSES_KEY} is not JSON: {exc}") from None
-    classes = parse_classes(raw, where)
-    default = data.get(DEFAULT_KEY) or default_flag
-    if default is not None and default not in classes:
-        raise ValueError(f"{where}: default class {default!r} is not among {sorted(classes)}")
+    classes, default = parse_classes(data, where)
+    default = default or default_flag
+    check_default(classes, default, where)
     return ClassTable(classes, default, where)
 
 
@@ -77,12 +51,10 @@ def table_from_file(path: str, default_flag: str | None) -> ClassTable:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not JSON: {exc}") from None
     # Accept both a bare class map and the ConfigMap's data shape.
-    if isinstance(raw, dict) and CLASSES_KEY in raw:
-        return table_from_configmap(raw, default_flag, path)
-    classes = parse_classes(raw, path)
-    if default_flag is not None and default_flag not in classes:
-        raise ValueError(f"{path}: default class {default_flag!r} is not among {sorted(classes)}")
-    return ClassTable(classes, default_flag, path)
+    classes, default = parse_classes_document(raw, path)
+    default = default or default_flag
+    check_default(classes, default, path)
+    return ClassTable(classes, default, path)
 
 
 class ClassRegistry:

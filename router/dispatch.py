@@ -26,13 +26,14 @@ from jitserve.router.flight import Flight
 from jitserve.router.inbound import Inbound
 from jitserve.router.locality import PrefixIndex
 from jitserve.router.metrics import RouterMetrics
-from jitserve.router.outbound import EngineBody, engine_xargs
+from jitserve.router.outbound import EngineBody
 from jitserve.router.pool import Pool
-from jitserve.router.programs import StagePlan
+from jitserve.router.programs import StageDeadline
 from jitserve.router.relay import Relay
 from jitserve.router.replicas import Replica
 from jitserve.router.upstream import PATHS, RETRYABLE, Attempt
 from jitserve.scheduler.admission import Action, Decision, decide
+from jitserve.scheduler.contracts.xargs import render_xargs
 from jitserve.scheduler.requests import NewRequest
 from jitserve.scheduler.slo import OverloadAction, SLOType
 
@@ -78,7 +79,7 @@ class Dispatcher:
         slo_class: str,
         overload: OverloadAction,
         tenant: str,
-        plan: StagePlan | None,
+        plan: StageDeadline | None,
     ) -> Response:
         tried: set[str] = set()
         attempts = 0
@@ -184,13 +185,13 @@ class Dispatcher:
         decision: Decision,
         replica: Replica,
         tenant: str,
-        plan: StagePlan | None,
+        plan: StageDeadline | None,
     ) -> Response | str:
         """Send to one replica: the response, or a retry reason if it failed before the first token."""
         new = decision.request
         now = self.clock()
         staged = plan is not None and decision.action is Action.ADMIT
-        xargs = engine_xargs(
+        xargs = render_xargs(
             decision.slo_class,
             new.slo,
             tenant,

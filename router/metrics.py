@@ -17,6 +17,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+# The per-class series the operator copies into ServingPool status (a contract with the operator).
+from jitserve.scheduler.contracts.router_metrics import CLASS_ATTAINMENT, CLASS_GOODPUT, CLASS_LABEL
+
 # `_created` series double the exposition size and no dashboard here reads them.
 disable_created_metrics()
 
@@ -55,12 +58,6 @@ class BulkHistogram:
             cumulative = itertools.accumulate(s[:-1])
             family.add_metric([value], list(zip(self._le, cumulative, strict=True)), s[-1])
         yield family
-
-
-# The per-class figures of `GET /jitserve/status` that the operator copies into ServingPool status. On
-# /metrics (no API key needed, no engine addresses) so the operator reads them with no key of its own.
-CLASS_GOODPUT = "jitserve_router_class_goodput_tokens_per_second"
-CLASS_ATTAINMENT = "jitserve_router_class_slo_attainment_ratio"
 
 
 class RouterMetrics:
@@ -188,14 +185,14 @@ class RouterMetrics:
         self.class_goodput = Gauge(
             CLASS_GOODPUT,
             "Token goodput per second over the status window, by SLO class (set at each scrape)",
-            ["slo_class"],
+            [CLASS_LABEL],
             registry=r,
         )
         self.class_attainment = Gauge(
             CLASS_ATTAINMENT,
             "Share of the requests finished in the status window that met their SLO, by SLO class "
             "(set at each scrape; absent while none finished)",
-            ["slo_class"],
+            [CLASS_LABEL],
             registry=r,
         )
 

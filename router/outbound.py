@@ -1,10 +1,9 @@
 """What the router sends to the engine: the client's body plus the resolved SLO in `vllm_xargs`.
 
-Keys are the engine's contract (scheduler/xargs.py). The engine gets explicit numbers, not
-only a class name, so a router and an engine that briefly disagree about a class (a ConfigMap edit
-propagating) still agree about this request; a class the engine does not know is never sent (the
-engine would fall back to its default class). A compound stage carries its sub-deadline D_s as
-`stage_deadline` and the program's remaining budget as `deadline`, both relative to now.
+The keys and how a resolved SLO becomes them are the engine's contract (scheduler/contracts/xargs.py:
+`render_xargs`). A class the engine does not know is never sent (the engine would fall back to its
+default class). A compound stage carries its sub-deadline D_s as `stage_deadline` and the program's
+remaining budget as `deadline`, both relative to now.
 """
 
 from __future__ import annotations
@@ -12,61 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jitserve.scheduler.slo import SLO, SLOType
+from jitserve.scheduler.contracts.xargs import XARGS_KEYS
 
-CUSTOM_CLASS = "custom"  # resolve_request_slo's name for explicit fields without a class
-MIN_SECONDS = 0.001
-BEST_EFFORT_WAITING_TIME = 86_400.0  # the SLO model's largest time (scheduler/slo.py: PositiveSeconds)
-# Every key the engine schedules by (scheduler/xargs.py): only the router may set them.
-ENGINE_KEYS = frozenset(
-    {
-        "slo_class",
-        "deadline",
-        "target_ttft",
-        "target_tbt",
-        "waiting_time",
-        "program_id",
-        "stages",
-        "stage_deadline",
-        "program_goodput",
-        "tenant",
-        "length_bound",
-    }
-)
-
-
-def engine_xargs(
-    slo_class: str,
-    slo: SLO,
-    tenant: str,
-    send_class: bool = True,
-    deadline_rel: float | None = None,
-    stage_deadline_rel: float | None = None,
-    program_id: str | None = None,
-    program_goodput: float = 0.0,
-    length_bound: int | None = None,
-) -> dict[str, Any]:
-    # Best-effort is never dropped for waiting (docs/decisions/router.md): it gets the longest
-    # waiting_time the SLO model allows, so an engine of any version keeps it queued.
-    waiting = BEST_EFFORT_WAITING_TIME if slo.type is SLOType.BEST_EFFORT else slo.waiting_time
-    x: dict[str, Any] = {"waiting_time": waiting, "tenant": tenant}
-    if send_class and slo_class != CUSTOM_CLASS:
-        x["slo_class"] = slo_class
-    if slo.type is SLOType.LATENCY:
-        x["target_ttft"] = slo.ttft
-        if slo.tbt is not None:
-            x["target_tbt"] = slo.tbt
-    else:
-        deadline = slo.deadline if deadline_rel is None else deadline_rel
-        x["deadline"] = max(float(deadline or 0.0), MIN_SECONDS)
-    if program_id is not None:
-        x["program_id"] = program_id
-        x["program_goodput"] = float(program_goodput)
-        if stage_deadline_rel is not None:
-            x["stage_deadline"] = max(stage_deadline_rel, MIN_SECONDS)
-    if length_bound is not None:
-        x["length_bound"] = int(length_bound)
-    return x
+# Every key the engine schedules by: only the router may set them (a set: looked up per client key).
+ENGINE_KEYS = frozenset(XARGS_KEYS)
 
 
 class EngineBody:

@@ -31,7 +31,10 @@ MAX_CALLS_KEPT = 64
 
 
 @dataclass(frozen=True, slots=True)
-class StagePlan:
+class StageDeadline:
+    """What one call of a compound program is given: its stage and sub-deadline D_s (the core's
+    `StagePlan` holds a whole program's phi and sub-deadlines)."""
+
     stage: int
     deadline_abs: float  # D_s, absolute (router clock)
     program_deadline_abs: float
@@ -112,7 +115,7 @@ class ProgramTracker:
         per_stage: float | None,
         model: str = "",
         input_len: int = 0,
-    ) -> StagePlan:
+    ) -> StageDeadline:
         """Register a new call of the program and return its stage and sub-deadline."""
         self.expire(now)
         prog = self._programs.get(program_id)
@@ -150,7 +153,7 @@ class ProgramTracker:
         if prog.stages_hint is not None:
             n_left = max(prog.stages_hint - s, 1)
         deadline = guard_late_stage(deadline, prog.deadline_abs, now, n_left)
-        return StagePlan(s, deadline, prog.deadline_abs, prog.goodput_so_far, source)
+        return StageDeadline(s, deadline, prog.deadline_abs, prog.goodput_so_far, source)
 
     def end_call(
         self, program_id: str, record: RequestRecord, model: str = "", started: float | None = None

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from jitserve.router.classes import ClassRegistry
 from jitserve.router.errors import RouterError, bad_request
 from jitserve.router.inbound import Inbound
-from jitserve.router.programs import ProgramTracker, StagePlan
+from jitserve.router.programs import ProgramTracker, StageDeadline
 from jitserve.scheduler.slo import SLO, OverloadAction, SLOError, SLOType, resolve_request_slo
 
 Resolved = tuple[str, SLO, OverloadAction, float | None]  # class name, SLO, overload action, per-stage D
@@ -91,7 +91,7 @@ def resolve_fields(fields: dict[str, Any], table: Any, program_stages: int | Non
 
 def stage_plan(
     programs: ProgramTracker, inbound: Inbound, slo_class: str, slo: SLO, now: float, per_stage: float | None
-) -> StagePlan | None:
+) -> StageDeadline | None:
     """A compound program's next stage (sub-deadline, program goodput so far), or None."""
     if inbound.program_id is None or slo.type is not SLOType.COMPOUND:
         return None

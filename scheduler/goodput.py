@@ -99,23 +99,3 @@ def soft_utility(slo_seconds: float, observed_seconds: float, alpha: float = 1.0
     if observed_seconds <= 0:
         return 1.0
     return float(min(1.0, (slo_seconds / observed_seconds) ** alpha))
-
-
-def soft_request_utility(record: RequestRecord, alpha: float = 1.0) -> float:
-    """Tempo-style soft credit for one request, weighted like its token goodput."""
-    slo = record.slo
-    if record.dropped or record.finish is None:
-        return 0.0
-    if slo.type is SLOType.LATENCY:
-        times = np.asarray(record.token_times, dtype=np.float64)
-        if times.size == 0:
-            return 0.0
-        ttft_u = soft_utility(slo.ttft or 1.0, times[0] - record.arrival, alpha)
-        if times.size > 1 and slo.tbt is not None:
-            tbt_u = soft_utility(slo.tbt, float(np.mean(np.diff(times))), alpha)
-        else:
-            tbt_u = 1.0
-        return slo.weights.output * times.size * 0.5 * (ttft_u + tbt_u)
-    assert slo.deadline is not None
-    u = soft_utility(slo.deadline, record.finish - record.arrival, alpha)
-    return u * max_goodput(slo, record.input_len, record.output_len)

@@ -13,7 +13,7 @@ deadline 20 s, compound 20 s per stage, waiting_time 5 s.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -175,7 +175,6 @@ PAPER_CLASSES: dict[str, SLOClassSpec] = {
 }
 
 # Request-level SLO fields of the paper's API (§5), as the router and engine accept them.
-RequestSLOField = Literal["deadline", "target_ttft", "target_tbt", "waiting_time"]
 REQUEST_SLO_FIELDS: tuple[str, ...] = ("deadline", "target_ttft", "target_tbt", "waiting_time")
 
 

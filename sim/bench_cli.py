@@ -436,9 +436,9 @@ def simulate_jobs(
     programs, meta = [], {}
     weights = {}
     if classes:
-        from jitserve.router.classes import parse_classes
+        from jitserve.scheduler.contracts.classes_configmap import parse_class_map
 
-        weights = {name: spec.goodputWeights for name, spec in parse_classes(classes, "record").items()}
+        weights = {name: spec.goodputWeights for name, spec in parse_class_map(classes, "record").items()}
     for k, job in enumerate(jobs):
         slo, _ = demo.slo_for(job.slo_class, len(job.calls), scale)
         if job.slo_class in weights:

@@ -1,6 +1,6 @@
 """What the simulated analyzer knows: output-length upper bounds and compound sub-deadlines.
 
-Three sources of length bounds, one interface (`LengthBounds.bounds(features, generated)`):
+Three sources of length bounds, one interface (`LengthBoundSource.bounds(features, generated)`):
 - `QRFBounds`: the scheduler's real analyzer (`jitserve.scheduler.analyzer.length.LengthPredictor`,
   a 300-tree quantile forest), trained on a warm-up slice of the same workload;
 - `ConditionalBounds`: the stand-in used when the analyzer is unavailable. The workload draws
@@ -23,7 +23,7 @@ from scipy.special import ndtr, ndtri
 FEATURES = ("prior_mu", "prior_sigma", "input_len", "slo_code", "app", "max_tokens")
 
 
-class LengthBounds(Protocol):
+class LengthBoundSource(Protocol):
     name: str
 
     def bounds(self, features: np.ndarray, generated: np.ndarray) -> np.ndarray: ...

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jitserve.sim.metrics import Report, report
-from jitserve.sim.predictor import ConditionalBounds, LengthBounds, QRFBounds, qrf_available
+from jitserve.sim.predictor import ConditionalBounds, LengthBoundSource, QRFBounds, qrf_available
 from jitserve.sim.profiles import Profile, load_profile
 from jitserve.sim.simulator import call_features, simulate
 from jitserve.sim.subdeadlines import SubDeadlines
@@ -31,7 +31,7 @@ class RunConfig:
     router_admission: bool | None = None  # override each policy's router admission (None: its own)
 
 
-def make_bounds(spec: WorkloadSpec, cfg: RunConfig, seed: int) -> LengthBounds:
+def make_bounds(spec: WorkloadSpec, cfg: RunConfig, seed: int) -> LengthBoundSource:
     """The analyzer's QRF trained on a warm-up slice (a disjoint seed), or the stand-in."""
     kind = cfg.predictor
     if kind == "auto":
@@ -82,7 +82,7 @@ def compare(
     policies: list[str],
     cfg: RunConfig = RunConfig(),
     on_progress: Callable[[str, float], None] | None = None,
-    bounds: LengthBounds | None = None,
+    bounds: LengthBoundSource | None = None,
 ) -> dict[str, Report]:
     seed = spec.seed if cfg.seed is None else cfg.seed
     replicas = cfg.replicas or spec.replicas

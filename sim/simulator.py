@@ -18,14 +18,15 @@ import numpy as np
 
 from jitserve.scheduler.admission import decide
 from jitserve.scheduler.analyzer.patterns import guard_late_stage
+from jitserve.scheduler.contracts.replica_report import assemble_replica_state
 from jitserve.scheduler.gmax import GMAXParams
 from jitserve.scheduler.goodput import RequestRecord
-from jitserve.scheduler.placement import ReplicaState, place, replica_load
+from jitserve.scheduler.placement import ReplicaState, place
 from jitserve.scheduler.requests import SLO_TYPE_CODE, NewRequest
 from jitserve.scheduler.slo import SLOType
 from jitserve.sim.engine import CallInfo, Engine, EngineConfig, Finished
 from jitserve.sim.policies import PolicySetup, SimContext, build_policy
-from jitserve.sim.predictor import LengthBounds
+from jitserve.sim.predictor import LengthBoundSource
 from jitserve.sim.profiles import BatchTimeModel, Profile
 from jitserve.sim.workload import Call, Program
 
@@ -101,7 +102,7 @@ class Cluster:
         policy_name: str,
         profile: Profile,
         replicas: int,
-        bounds: LengthBounds,
+        bounds: LengthBoundSource,
         tightest_tbt: float,
         placement: str | None = None,
         seed: int = 0,
@@ -194,30 +195,20 @@ def _load(e: Engine) -> float:
 
 def replica_state(engine: Engine, now: float) -> ReplicaState:
     """What the engine pod would report: speed, occupancy, and its queue as a real pod computes it
-    (`replica_load`, the same function)."""
-    cfg = engine.config
-    speed = engine.speed()
-    running, waiting = engine.running_count, engine.waiting_count
+    (`assemble_replica_state`, the same function)."""
     # B is the batch the policy runs (GMAX's B, below max_num_seqs), as a real engine pod reports it.
-    batch = engine._policy_batch
-    cutoff = float(getattr(getattr(engine.policy, "params", None), "cutoff", 1.0))
-    load = replica_load(engine.table, now, speed, batch, cutoff, running, waiting)
-    return ReplicaState(
+    return assemble_replica_state(
+        engine.table,
+        now,
+        engine.speed(),
         pod=engine.name,
         model=engine.profile.model.name,
-        step_time_s=float(speed.step_time),
-        prefill_tokens_per_s=float(speed.prefill_tokens_per_s),
-        batch_size=batch,
-        running=running,
-        waiting=waiting,
-        committed_bandwidth=load.committed_bandwidth,
-        residual_capacity=batch - load.committed_bandwidth,
-        admission_priority=load.admission_priority,
-        queue_delay_s=load.queue_delay_s,
-        kv_usage=min(engine.kv_used / max(cfg.kv_capacity, 1), 1.0),
-        cutoff=cutoff,
+        batch_size=engine._policy_batch,
+        cutoff=float(getattr(getattr(engine.policy, "params", None), "cutoff", 1.0)),
+        running=engine.running_count,
+        waiting=engine.waiting_count,
+        kv_usage=engine.kv_used / max(engine.config.kv_capacity, 1),
         frames=engine.stats.frames,
-        updated_at=now,
     )
 
 
@@ -237,7 +228,7 @@ def simulate(
     policy_name: str,
     profile: Profile,
     replicas: int,
-    bounds: LengthBounds,
+    bounds: LengthBoundSource,
     horizon: float,
     placement: str | None = None,
     seed: int = 0,

@@ -26,7 +26,6 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -696,11 +695,3 @@ def k_medoids(
             break
         med, labels = new_med, new_labels
     return labels.astype(np.int64), med
-
-
-def stage_features_many(
-    graphs: Sequence[PatternGraph], cost: LLMCostModel | None = None
-) -> list[StageFeatures]:
-    """Convenience for callers that summarize many graphs (e.g. the simulator's history warm-up)."""
-    c = cost or LLMCostModel()
-    return [StageFeatures.of(g, c) for g in graphs]

@@ -8,7 +8,7 @@ import asyncio
 
 import httpx
 
-from jitserve.operator.reconcile import parse_router_report
+from jitserve.operator.decisions import parse_router_report
 from jitserve.operator.reconciler import DEFAULT_ROUTER_STATUS_URL, _http_get_json
 from tests.faults.fault_scenarios import body, session, stack, stream_one
 

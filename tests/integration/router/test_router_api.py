@@ -218,7 +218,7 @@ def test_api_keys_map_to_tenants(
 def test_classes_file_in_the_operators_configmap_format(
     fake_engines: tuple[FakeEngine, FakeEngine], start_router: Callable[..., RunningRouter], tmp_path
 ) -> None:
-    from jitserve.operator.classes_configmap import render_data
+    from jitserve.scheduler.contracts.classes_configmap import render_classes
     from jitserve.scheduler.slo import SLOClassSpec
 
     a, b = fake_engines
@@ -227,7 +227,7 @@ def test_classes_file_in_the_operators_configmap_format(
         "jobs": SLOClassSpec(type="deadline", deadlineSeconds=40),
     }
     path = tmp_path / "cm.json"
-    path.write_text(json.dumps(render_data(classes, "jobs")))  # exactly what the operator writes
+    path.write_text(json.dumps(render_classes(classes, "jobs")))  # exactly what the operator writes
     r = start_router("--engines", f"{a.url},{b.url}", "--classes-file", str(path), ready=2)
     post(r, "/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 4}))
     assert sent(a, b)["vllm_xargs"] == {

@@ -22,10 +22,10 @@ from jitserve.engine.http import JITServeStateMiddleware
 from jitserve.engine.runner import FULL, LIGHT, FrameRunner, RunnerConfig
 from jitserve.engine.speed import SpeedMeter
 from jitserve.engine.state import EngineState, prometheus_text, read_state, write_atomic
+from jitserve.scheduler.contracts.xargs import XARGS_KEYS, parse_xargs
 from jitserve.scheduler.goodput import RequestRecord
 from jitserve.scheduler.policy import GMAXPolicy
 from jitserve.scheduler.slo import PAPER_CLASSES, SLO, SLOType
-from jitserve.scheduler.xargs import XARGS_KEYS, parse_xargs
 
 # ------------------------------------------------------------------------------------------- xargs
 

@@ -10,9 +10,9 @@ import pytest
 
 from jitserve.operator import api, children
 from jitserve.operator.children import Images, Pool
-from jitserve.operator.classes_configmap import parse
 from jitserve.operator.commands import engine_args, router_args
 from jitserve.operator.models import ServingPoolSpec
+from jitserve.scheduler.contracts.classes_configmap import parse_classes
 from jitserve.scheduler.slo import PAPER_CLASSES
 
 K8S_VERSION = "1.30.0"
@@ -208,7 +208,7 @@ def test_router_is_wired_to_engines_classes_and_its_secret() -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     # The ConfigMap it names exists and holds the pool's classes.
-    classes, default = parse(kids[("ConfigMap", "pool-classes")]["data"])
+    classes, default = parse_classes(kids[("ConfigMap", "pool-classes")]["data"], "pool-classes")
     assert sorted(classes) == ["best-effort", "latency"] and default == "latency"
     assert classes["latency"] == PAPER_CLASSES["latency"]
 

@@ -8,9 +8,10 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
-from jitserve.operator.reconcile import parse_router_metrics, parse_router_report
+from jitserve.operator.decisions import parse_router_metrics, parse_router_report
 from jitserve.operator.reconciler import DEFAULT_ROUTER_STATUS_URL
-from jitserve.router.metrics import CLASS_ATTAINMENT, CLASS_GOODPUT, RouterMetrics
+from jitserve.router.metrics import RouterMetrics
+from jitserve.scheduler.contracts.router_metrics import CLASS_ATTAINMENT, CLASS_GOODPUT
 from tests.unit.operator.test_drift import _pool_kube, _reconciler
 
 # what router/accounting.py's status(now) returns per class (the source of both the JSON and the gauges)

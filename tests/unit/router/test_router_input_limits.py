@@ -18,7 +18,7 @@ from jitserve.router.inbound import (
     parse_inbound,
     parse_json_object,
 )
-from jitserve.router.outbound import engine_xargs
+from jitserve.scheduler.contracts.xargs import render_xargs
 from jitserve.scheduler.placement import ReplicaState
 from jitserve.scheduler.slo import SLO
 
@@ -70,9 +70,9 @@ def test_slo_times_within_bounds_pass() -> None:
 
 
 def test_best_effort_tells_the_engine_never_to_drop_it_for_waiting() -> None:
-    be = engine_xargs("best-effort", SLO.best_effort(waiting_time=5.0), "t")
+    be = render_xargs("best-effort", SLO.best_effort(waiting_time=5.0), "t")
     assert be["waiting_time"] == MAX_SLO_SECONDS
-    dl = engine_xargs("deadline", SLO.deadline_slo(20.0, waiting_time=5.0), "t")
+    dl = render_xargs("deadline", SLO.deadline_slo(20.0, waiting_time=5.0), "t")
     assert dl["waiting_time"] == 5.0
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jitserve.operator.children import Images
-from jitserve.operator.events import NORMAL, WARNING, Event
-from jitserve.operator.models import ServingPoolSpec
-from jitserve.operator.reconcile import (
+from jitserve.operator.decisions import (
     Failure,
     Observed,
     choose_default_class,
@@ -16,6 +14,8 @@ from jitserve.operator.reconcile import (
     pool_status,
     transition_events,
 )
+from jitserve.operator.events import NORMAL, WARNING, Event
+from jitserve.operator.models import ServingPoolSpec
 from jitserve.scheduler.slo import PAPER_CLASSES
 
 SPEC: dict[str, Any] = {

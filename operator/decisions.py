@@ -20,9 +20,20 @@ from jitserve.operator.children import Images, Pool
 from jitserve.operator.events import NORMAL, WARNING, Event
 from jitserve.operator.models import ServingPoolSpec
 from jitserve.operator.validation import DNS1035_LABEL
+from jitserve.scheduler.contracts.router_metrics import CLASS_ATTAINMENT, CLASS_GOODPUT, CLASS_LABEL
 from jitserve.scheduler.slo import SLOClassSpec
 
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
+# The status fields a good plan fills in (kept from the last good plan while the pool is broken).
+PLAN_STATUS_KEYS = (
+    "replicas",
+    "updatedReplicas",
+    "readyReplicas",
+    "routerReadyReplicas",
+    "endpoint",
+    "defaultClass",
+    "selector",
+)
 
 
 @dataclass(frozen=True)
@@ -309,15 +320,7 @@ def pool_status(
         if key in previous:
             status[key] = previous[key]
     if pool is None:  # keep what a previous good plan reported, so the pool's state stays visible
-        for key in (
-            "replicas",
-            "updatedReplicas",
-            "readyReplicas",
-            "routerReadyReplicas",
-            "endpoint",
-            "defaultClass",
-            "selector",
-        ):
+        for key in PLAN_STATUS_KEYS:
             if key in previous:
                 status[key] = previous[key]
     return status
@@ -367,11 +370,9 @@ def transition_events(
 
 def parse_router_metrics(text: str) -> dict[str, dict[str, float]]:
     """The router's Prometheus `GET /metrics` (keyless) -> {class: {"goodput", "attainment"}}, from its
-    per-class gauges over the status window (router/metrics.py: ClassWindowCollector). Classes without
+    per-class gauges over the status window (names: scheduler/contracts/router_metrics.py). Classes without
     a goodput gauge are left out; a malformed exposition reads as no classes."""
     from prometheus_client.parser import text_string_to_metric_families
-
-    from jitserve.router.metrics import CLASS_ATTAINMENT, CLASS_GOODPUT
 
     keys = {CLASS_GOODPUT: "goodput", CLASS_ATTAINMENT: "attainment"}
     out: dict[str, dict[str, float]] = {}
@@ -381,7 +382,7 @@ def parse_router_metrics(text: str) -> dict[str, dict[str, float]]:
             if key is None:
                 continue
             for sample in family.samples:
-                name = sample.labels.get("slo_class")
+                name = sample.labels.get(CLASS_LABEL)
                 if sample.name == family.name and name and math.isfinite(sample.value):
                     out.setdefault(name, {})[key] = float(sample.value)
     except ValueError:  # not an exposition (an HTML error page, a proxy's answer)

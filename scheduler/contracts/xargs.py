@@ -1,6 +1,7 @@
 """The per-request keys of `SamplingParams.extra_args` (the OpenAI body field `vllm_xargs`).
 
-This module is the one place that names them; the router writes them and the engine reads them.
+This module is the one place that names them: the router writes them (`render_xargs`) and the engine
+reads them (`parse_xargs`).
 
 | key               | type          | meaning                                                             |
 |-------------------|---------------|---------------------------------------------------------------------|
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jitserve.scheduler.slo import SLO, SLOClassSpec, SLOError, resolve_request_slo
+from jitserve.scheduler.slo import SLO, SLOClassSpec, SLOError, SLOType, resolve_request_slo
 
 SLO_CLASS = "slo_class"
 DEADLINE = "deadline"
@@ -51,6 +52,10 @@ XARGS_KEYS: tuple[str, ...] = (
     TENANT,
     LENGTH_BOUND,
 )
+
+CUSTOM_CLASS = "custom"  # resolve_request_slo's name for explicit fields without a class
+MIN_SECONDS = 0.001
+BEST_EFFORT_WAITING_TIME = 86_400.0  # the SLO model's largest time (scheduler/slo.py: PositiveSeconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +121,39 @@ def parse_xargs(
         tenant=str(xargs.get(TENANT) or ""),
         length_bound=length_bound,
     )
+
+
+def render_xargs(
+    slo_class: str,
+    slo: SLO,
+    tenant: str,
+    send_class: bool = True,
+    deadline_rel: float | None = None,
+    stage_deadline_rel: float | None = None,
+    program_id: str | None = None,
+    program_goodput: float = 0.0,
+    length_bound: int | None = None,
+) -> dict[str, Any]:
+    """The router's side: a resolved SLO -> xargs with explicit numbers, so a router and an engine that
+    briefly disagree about a class (a ConfigMap edit propagating) still agree about this request."""
+    # Best-effort is never dropped for waiting (docs/decisions/router.md): it gets the longest
+    # waiting_time the SLO model allows, so an engine of any version keeps it queued.
+    waiting = BEST_EFFORT_WAITING_TIME if slo.type is SLOType.BEST_EFFORT else slo.waiting_time
+    x: dict[str, Any] = {WAITING_TIME: waiting, TENANT: tenant}
+    if send_class and slo_class != CUSTOM_CLASS:
+        x[SLO_CLASS] = slo_class
+    if slo.type is SLOType.LATENCY:
+        x[TARGET_TTFT] = slo.ttft
+        if slo.tbt is not None:
+            x[TARGET_TBT] = slo.tbt
+    else:
+        deadline = slo.deadline if deadline_rel is None else deadline_rel
+        x[DEADLINE] = max(float(deadline or 0.0), MIN_SECONDS)
+    if program_id is not None:
+        x[PROGRAM_ID] = program_id
+        x[PROGRAM_GOODPUT] = float(program_goodput)
+        if stage_deadline_rel is not None:
+            x[STAGE_DEADLINE] = max(stage_deadline_rel, MIN_SECONDS)
+    if length_bound is not None:
+        x[LENGTH_BOUND] = int(length_bound)
+    return x
