@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from router_fakes import idle_state, loaded_state
+from replica_states import idle_state, loaded_state
 
 from jitserve.router.accounting import Accounting
 from jitserve.router.auth import Keyring, keys_from_secret_data, parse_keys
