@@ -147,7 +147,7 @@ class Cluster:
     # ------------------------------------------------------------------------------- routing
     def route(self, req: NewRequest, now: float) -> tuple[int | None, NewRequest]:
         """(replica, the request as admitted) or (None, request) when the router rejects it. With
-        admission, the router's own decision (`router.admission.decide`: `place()`, then the
+        admission, the router's own decision (`scheduler.admission.decide`: `place()`, then the
         overload action, which may hand the engine a best-effort version of the request)."""
         n = len(self.engines)
         if n == 1 and not self.admission:
