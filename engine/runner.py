@@ -125,8 +125,10 @@ class _Meta:
 class EngineLengthBounds:
     """The analyzer's QRF bound (scheduler/analyzer), trained online from finished requests.
 
-    Absent analyzer or history -> max_tokens, the only safe bound. Fitting runs on a background thread:
-    a 300-tree forest takes seconds and must not stall engine steps.
+    Absent analyzer or history -> max_tokens, the only safe bound. A fit (300 trees) costs seconds of
+    CPU: it runs in a niced child process, as the router's does, never in vLLM's engine-core process,
+    where a fitting thread took the GIL and the pinned core from engine steps. Requests that finish
+    during a fit are replayed into the fitted predictor.
     """
 
     def __init__(self, path: str | None) -> None:
@@ -141,11 +143,11 @@ class EngineLengthBounds:
                 log.warning("jitserve: ignoring unreadable length history %s: %s", path, exc)
         self.predictor = predictor or LengthPredictor(LengthPredictorConfig(n_jobs=1))
         self.class_codes: dict[str, int] = {}
+        self._lock = threading.Lock()  # the fit's completion (executor thread) vs observe (engine thread)
         self._fitting = False
-        # Try a refit only every this many finished requests: starting a thread per request costs ms.
-        cfg = self.predictor.config
-        self.attempt_every = max(1, min(cfg.min_history_requests, cfg.refit_every_requests) // 4)
-        self._since_attempt = 0
+        self._during_fit: list[tuple[int, int, int, int, int, int]] = []
+        self._pool: Any = None
+        self._tmp: Any = None
 
     def code(self, slo_class: str) -> int:
         return self.class_codes.setdefault(slo_class, len(self.class_codes) % 65_536)
@@ -158,25 +160,68 @@ class EngineLengthBounds:
     ) -> None:
         if output_len < 1:
             return
-        self.predictor.observe(prompt_len, output_len, slo_type, class_code, 0, max_tokens)
-        self._since_attempt += 1
-        if self._since_attempt >= self.attempt_every and not self._fitting:
-            self._since_attempt = 0
+        row = (prompt_len, output_len, slo_type, class_code, 0, max_tokens)
+        with self._lock:
+            self.predictor.observe(*row)
+            if self._fitting:
+                self._during_fit.append(row)
+                return
+            if not self.predictor.refit_due():
+                return
             self._fitting = True
-            threading.Thread(target=self._refit, name="jitserve-qrf", daemon=True).start()
-
-    def _refit(self) -> None:
         try:
-            if self.predictor.maybe_refit() and self.path is not None:
-                self.predictor.save(self.path)
+            self._start_fit()
+        except Exception:  # no child process here: keep the current bounds, try again later
+            log.exception("jitserve: length predictor refit could not start")
+            with self._lock:
+                self._fitting = False
+
+    def _start_fit(self) -> None:
+        import multiprocessing
+        import tempfile
+        from concurrent.futures import ProcessPoolExecutor
+
+        from jitserve.scheduler.analyzer.length import fit_saved
+
+        if self._pool is None:
+            # spawn, not fork: vLLM's engine core has threads a fork would copy mid-state; niced, so the
+            # engine's own steps keep its (pinned) core
+            self._pool = ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=os.nice, initargs=(19,)
+            )
+        self._tmp = tempfile.TemporaryDirectory(prefix="jitserve-engine-qrf-")
+        src, dst = os.path.join(self._tmp.name, "in.npz"), os.path.join(self._tmp.name, "out.npz")
+        self.predictor.save(src)
+        future = self._pool.submit(fit_saved, src, dst)
+        future.add_done_callback(lambda f: self._finish_fit(f, dst))
+
+    def _finish_fit(self, future: Any, dst: str) -> None:
+        """On the executor's thread: swap in the fitted predictor with the rows observed meanwhile."""
+        from jitserve.scheduler.analyzer import LengthPredictor
+
+        try:
+            if future.result():
+                new = LengthPredictor.load(dst)
+                with self._lock:
+                    for row in self._during_fit:
+                        new.observe(*row)
+                    self.predictor = new
+                if self.path is not None:
+                    new.save(self.path)
         except Exception:  # a failed fit keeps the old bounds; the engine must keep serving
             log.exception("jitserve: length predictor refit failed")
         finally:
-            self._fitting = False
+            with self._lock:
+                self._during_fit.clear()
+                self._fitting = False
 
     def save(self) -> None:
         if self.path is not None:
             self.predictor.save(self.path)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class FrameRunner:
@@ -512,6 +557,7 @@ class FrameRunner:
     def close(self) -> None:
         self.flush_history()
         if self.bounds is not None:
+            self.bounds.close()
             try:
                 self.bounds.save()
             except OSError as exc:

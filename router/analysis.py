@@ -21,20 +21,12 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from jitserve.scheduler.analyzer.features import MAX_CATEGORY_CODE, slo_type_code
-from jitserve.scheduler.analyzer.length import LengthPredictor, LengthPredictorConfig
+from jitserve.scheduler.analyzer.length import LengthPredictor, LengthPredictorConfig, fit_saved
 from jitserve.scheduler.slo import SLOType
 
 log = logging.getLogger("jitserve.router.analysis")
 
 Row = tuple[int, int, int, int, int, int]  # prompt, output, slo type, class, model, max_tokens
-
-
-def _fit_file(src: str, dst: str) -> bool:
-    """In the child process: load, fit, save. Returns whether a table was built."""
-    predictor = LengthPredictor.load(src)
-    fitted = predictor.fit()
-    predictor.save(dst)
-    return fitted
 
 
 class LengthBounds:
@@ -110,7 +102,7 @@ class LengthBounds:
                         initializer=os.nice,
                         initargs=(19,),
                     )
-                fitted = await asyncio.get_running_loop().run_in_executor(self._pool, _fit_file, src, dst)
+                fitted = await asyncio.get_running_loop().run_in_executor(self._pool, fit_saved, src, dst)
                 if fitted:
                     new = LengthPredictor.load(dst)
                     for row in self._during_fit:  # requests that finished while the child was fitting

@@ -298,13 +298,16 @@ class LengthPredictor:
         return self._history[order].copy()
 
     # -------------------------------------------------------------------------------------- fit
-    def maybe_refit(self) -> bool:
-        """Fit if enough requests finished since the last fit (or the first time history suffices)."""
+    def refit_due(self) -> bool:
+        """Enough requests finished since the last fit (or history suffices for the first one)."""
         new = self._observed_total - self._observed_at_fit
-        due = (not self.trained and self._history_count >= self.config.min_history_requests) or (
+        return (not self.trained and self._history_count >= self.config.min_history_requests) or (
             self.trained and new >= self.config.refit_every_requests
         )
-        return self.fit() if due else False
+
+    def maybe_refit(self) -> bool:
+        """Fit if `refit_due()`."""
+        return self.fit() if self.refit_due() else False
 
     def fit(self) -> bool:
         """Train the forest on the history and rebuild the table. False if history is too short."""
@@ -495,3 +498,12 @@ class LengthPredictor:
 
 
 _TABLE_ARRAYS = ("keys", "offsets", "prompt_min", "n_prompt", "n_gen", "bounds")
+
+
+def fit_saved(src: str, dst: str) -> bool:
+    """Load a predictor saved at `src`, fit it, save it to `dst`; whether a table was built. What a
+    fitting child process runs (router and engine): the predictor travels as its own .npz, no pickle."""
+    predictor = LengthPredictor.load(src)
+    fitted = predictor.fit()
+    predictor.save(dst)
+    return fitted

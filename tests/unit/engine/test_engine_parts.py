@@ -319,3 +319,38 @@ def test_length_bounds_refresh_every_50_generated_tokens(tmp_path: Path) -> None
     assert fake.queries == queries  # not due before another 50 tokens
     r.sync([("a", True, 100, 105)])
     assert t.len_ub[t.slot("a")] == 110
+
+
+def test_length_bounds_fit_in_a_child_process_and_keep_what_finished_meanwhile(tmp_path: Path) -> None:
+    """The engine's QRF fit runs in a spawned, niced child process (never a thread in vLLM's engine
+    core, where it held the GIL and the pinned core for seconds); rows observed while it fits are
+    replayed into the fitted predictor, and the history file is written."""
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    from jitserve.engine.runner import EngineLengthBounds
+    from jitserve.scheduler.analyzer import LengthPredictor, LengthPredictorConfig
+
+    path = tmp_path / "lengths.npz"
+    bounds = EngineLengthBounds(None)
+    bounds.path = str(path)
+    bounds.predictor = LengthPredictor(
+        LengthPredictorConfig(n_jobs=1, n_estimators=10, min_history_requests=40)
+    )
+    try:
+        for i in range(40):  # the 40th finished request makes a fit due
+            bounds.observe(100 + i, 20 + i % 7, 0, 0, 512)
+        assert bounds._fitting and isinstance(bounds._pool, ProcessPoolExecutor)
+        assert not any(t.name == "jitserve-qrf" for t in threading.enumerate())
+        for i in range(5):  # finish while the child fits
+            bounds.observe(300 + i, 30, 0, 0, 512)
+        deadline = time.monotonic() + 300
+        while bounds._fitting and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert bounds.predictor.trained
+        assert bounds.predictor.history_size == 45
+        assert path.exists() and LengthPredictor.load(str(path)).trained
+        ub = bounds.bounds([100], [0], [0], [0], [512])
+        assert 1 <= int(ub[0]) < 512  # a learned bound, not max_tokens
+    finally:
+        bounds.close()
