@@ -22,9 +22,15 @@ class ClassTotals:
 
 
 class GoodputWindow:
-    def __init__(self, window_s: float = 60.0) -> None:
+    """Per-class goodput over the last `window_s` seconds, in `buckets` time buckets: a state publish
+    sums at most `buckets` rows per class instead of rescanning every request that finished in the
+    window (thousands at high rates). The window's oldest edge moves a bucket at a time."""
+
+    def __init__(self, window_s: float = 60.0, buckets: int = 60) -> None:
         self.window_s = window_s
-        self._events: deque[tuple[float, str, float, bool]] = deque()  # (finish, class, tokens, met)
+        self.bucket_s = window_s / buckets
+        # (bucket index, class) -> [tokens, met, count]; buckets in arrival order
+        self._buckets: deque[tuple[int, dict[str, list[float]]]] = deque()
         self.totals: dict[str, ClassTotals] = {}
 
     def record(self, slo_class: str, record: RequestRecord, now: float) -> float:
@@ -35,26 +41,33 @@ class GoodputWindow:
         totals.met += int(g.met)
         totals.dropped += int(record.dropped)
         totals.goodput_tokens += g.tokens
-        self._events.append((now, slo_class, g.tokens, g.met))
+        index = int(now // self.bucket_s)
+        if not self._buckets or self._buckets[-1][0] != index:
+            self._buckets.append((index, {}))
+        row = self._buckets[-1][1].setdefault(slo_class, [0.0, 0.0, 0.0])
+        row[0] += g.tokens
+        row[1] += int(g.met)
+        row[2] += 1
         return g.tokens
 
     def _trim(self, now: float) -> None:
-        while self._events and self._events[0][0] < now - self.window_s:
-            self._events.popleft()
+        oldest = int((now - self.window_s) // self.bucket_s)
+        while self._buckets and self._buckets[0][0] <= oldest:
+            self._buckets.popleft()
 
     def summary(self, now: float) -> dict[str, ClassGoodput]:
         """Goodput per second, attainment and count per class over the last `window_s` seconds."""
         self._trim(now)
-        tokens: dict[str, float] = {}
-        met: dict[str, int] = {}
-        count: dict[str, int] = {}
-        for _t, cls, tok, ok in self._events:
-            tokens[cls] = tokens.get(cls, 0.0) + tok
-            met[cls] = met.get(cls, 0) + int(ok)
-            count[cls] = count.get(cls, 0) + 1
+        sums: dict[str, list[float]] = {}
+        for _index, rows in self._buckets:
+            for cls, (tok, met, n) in rows.items():
+                acc = sums.setdefault(cls, [0.0, 0.0, 0.0])
+                acc[0] += tok
+                acc[1] += met
+                acc[2] += n
         out = {name: ClassGoodput() for name in self.totals}
-        for cls, n in count.items():
+        for cls, (tok, met, n) in sums.items():
             out[cls] = ClassGoodput(
-                goodput_tokens_per_s=tokens[cls] / self.window_s, attainment=met[cls] / n, finished=n
+                goodput_tokens_per_s=tok / self.window_s, attainment=met / n, finished=int(n)
             )
         return out

@@ -133,6 +133,37 @@ def test_goodput_window_per_class() -> None:
     assert w.summary(now=30)["d"].finished == 0  # out of the window, still in the totals
 
 
+def test_goodput_window_buckets_match_a_rescan_of_every_event() -> None:
+    """The bucketed window answers what rescanning every finished request would, with the window's
+    oldest edge rounded to a bucket (1 s of 60 s here)."""
+    import random
+
+    rng = random.Random(7)
+    w = GoodputWindow(window_s=60.0, buckets=60)
+    events: list[tuple[float, str, int, bool]] = []
+    now = 0.0
+    for _ in range(3000):
+        now += rng.expovariate(20.0)
+        cls = rng.choice(["latency", "deadline"])
+        n = rng.randint(1, 9)
+        slo = SLO.deadline_slo(deadline=5)
+        late = rng.random() < 0.3
+        finish = now + (6 if late else 1)
+        rec = RequestRecord(slo=slo, arrival=now, input_len=0, token_times=[finish] * n, finish=finish)
+        tokens = w.record(cls, rec, now)
+        events.append((now, cls, tokens, not late))
+        if rng.random() < 0.01:
+            got = w.summary(now)
+            edge = (int((now - 60.0) // 1.0) + 1) * 1.0  # the oldest bucket still in the window
+            for c in ("latency", "deadline"):
+                live = [e for e in events if e[1] == c and e[0] >= edge]
+                if not live:
+                    continue
+                assert got[c].finished == len(live)
+                assert got[c].attainment == pytest.approx(sum(e[3] for e in live) / len(live))
+                assert got[c].goodput_tokens_per_s == pytest.approx(sum(e[2] for e in live) / 60.0)
+
+
 def test_runner_plans_full_frames_and_light_replans_without_preemption(tmp_path: Path) -> None:
     r = FrameRunner(RunnerConfig(policy="jitserve", frame_steps=3, batch_size=1, use_analyzer=False))
     assert r.step_kind() == FULL  # the first step plans
