@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install tools vllm033 demo up test lint imports bench
+.PHONY: install tools vllm033 demo up test test-fast lint imports bench
 
 install: $(VENV)/.installed tools vllm033
 
@@ -64,6 +64,21 @@ lint: install imports
 test: install imports
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
+
+# Under a minute on two cores (53 s measured): the tests that need no engine and no cluster, in two
+# workers that steal work (a few files take most of the time). Left to `make test`: real engines and the
+# emulated cluster (tests/integration, tests/e2e, tests/faults), vLLM's scheduler classes in two
+# versions (tests/unit/engine/test_engine_vllm*.py: importing vLLM alone takes ~20 s), the wheel build
+# (tests/unit/images/test_wheel.py) and the router's length-bound learning test (a forest fit on a
+# worker thread: 15-33 s alone).
+FAST_TESTS := tests/unit -m "not engine and not e2e" -n 2 --dist worksteal \
+	--ignore=tests/unit/engine/test_engine_vllm_adapter.py \
+	--ignore=tests/unit/engine/test_engine_vllm033.py \
+	--ignore=tests/unit/images/test_wheel.py \
+	--deselect tests/unit/router/test_router_decisions.py::test_length_bounds_start_at_max_tokens_and_learn_from_finished_requests
+
+test-fast: install imports
+	$(VENV)/bin/pytest -q $(FAST_TESTS)
 
 bench: install
 	$(PY) bench/core.py
