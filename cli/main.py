@@ -16,7 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "router": ("jitserve.router.cli", "start the SLO-aware OpenAI-compatible router"),
     "operator": ("jitserve.operator.cli", "run the Kubernetes operator (kopf)"),
     "sim": ("jitserve.sim.cli", "simulate policies on a workload and compare goodput"),
-    "bench": ("jitserve.sim.bench_cli", "run a workload against real local engines"),
+    "bench": ("jitserve.local.bench", "run a workload against real local engines"),
     "up": ("jitserve.local.up", "run the whole stack on this machine"),
     "demo": ("jitserve.local.demo", "compare JITServe with vLLM FCFS on the local stack"),
     "crds": ("jitserve.operator.crdgen", "print or write the CRD YAML generated from the models"),

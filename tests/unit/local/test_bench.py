@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jitserve.local import demo
-from jitserve.sim import bench_cli
+from jitserve.local import bench, demo
 from jitserve.sim.calibrate import fit
 
 
@@ -17,17 +16,15 @@ def _record(rate: float, samples: list) -> dict:
         "max_num_seqs": 8,
         "rate": rate,
         "slo_scale": 1.0,
-        "jobs": [bench_cli._job_to_json(j) for j in jobs],
+        "jobs": [bench._job_to_json(j) for j in jobs],
         "runs": {},
     }
     # "real" results: the simulator's own output on the calibrated profile (no call has run yet, so
     # the prompt lengths are the estimate from the words)
     empty = [demo.JobResult(j) for j in jobs]
     for policy in ("vllm", "jitserve"):
-        prof = bench_cli.sim_profile(cal, None, 8)
-        sim = bench_cli.simulate_jobs(
-            jobs, [empty], 1.0, policy, prof, 1, policy == "jitserve", hop_s=cal.http_s
-        )
+        prof = bench.sim_profile(cal, None, 8)
+        sim = bench.simulate_jobs(jobs, [empty], 1.0, policy, prof, 1, policy == "jitserve", hop_s=cal.http_s)
         record["runs"][policy] = {
             "calibration": cal.to_json(),
             "results": [{"calls": [c.__dict__ for c in r.calls]} for r in sim],
@@ -36,15 +33,15 @@ def _record(rate: float, samples: list) -> dict:
 
 
 def test_replaying_the_simulators_own_run_gives_no_gap(line: dict) -> None:
-    rows = bench_cli.compare(_record(1.5, line["samples"]))
+    rows = bench.compare(_record(1.5, line["samples"]))
     for policy, row in rows.items():
-        for metric in bench_cli.METRICS:
+        for metric in bench.METRICS:
             assert row["sim"][metric] == pytest.approx(row["real"][metric], rel=1e-9), (policy, metric)
         assert row["real"]["goodput"] > 0
 
 
 def test_overload_makes_the_stack_drop_and_jitserve_beats_fcfs(line: dict) -> None:
-    rows = bench_cli.compare(_record(3.0, line["samples"]))
+    rows = bench.compare(_record(3.0, line["samples"]))
     fcfs, ours = rows["vllm"]["sim"], rows["jitserve"]["sim"]
     # under overload the router's and client's timeouts cancel FCFS's late requests
     assert sum(rows["vllm"]["sim_drops"].values()) > 0
@@ -54,8 +51,8 @@ def test_overload_makes_the_stack_drop_and_jitserve_beats_fcfs(line: dict) -> No
 def test_kv_capacity_is_read_from_the_engine_log(tmp_path) -> None:
     log = tmp_path / "engine.log"
     log.write_text("INFO [kv_cache_utils.py:2327] CPU KV cache size: 5,760 tokens, Maximum concurrency\n")
-    assert bench_cli.kv_capacity_from_log(log) == 5760
-    assert bench_cli.kv_capacity_from_log(tmp_path / "missing.log") is None
+    assert bench.kv_capacity_from_log(log) == 5760
+    assert bench.kv_capacity_from_log(tmp_path / "missing.log") is None
 
 
 def test_a_call_served_without_a_token_is_scored_as_a_drop() -> None:
@@ -73,15 +70,15 @@ def test_a_call_served_without_a_token_is_scored_as_a_drop() -> None:
         "reason": "",
     }
     served = {"arrival": 9.0, "input_len": 50, "token_times": [9.5] * 10, "finish": 9.5, "dropped": False}
-    d = bench_cli._result_from_json({"calls": [empty]}, dead)
-    c = bench_cli._result_from_json({"calls": [empty, served]}, comp)
+    d = bench._result_from_json({"calls": [empty]}, dead)
+    c = bench._result_from_json({"calls": [empty, served]}, comp)
     assert [(x.dropped, x.reason) for x in d.calls] == [(True, "dropped")]
     assert len(c.calls) == 1 and c.calls[0].dropped
     tot = demo.total(demo.score([d, c]))
     assert (tot.goodput, tot.met, tot.dropped) == (0.0, 0, 2)
     assert demo.drop_reasons([d, c]) == {"dropped": 2}
     # a call with its tokens is untouched
-    ok = bench_cli._result_from_json({"calls": [served | {"arrival": 0.0}]}, comp)
+    ok = bench._result_from_json({"calls": [served | {"arrival": 0.0}]}, comp)
     assert not ok.calls[0].dropped and len(ok.calls[0].token_times) == 10
 
 
@@ -91,7 +88,7 @@ def test_replayed_429s_are_reported_as_rejections(line: dict) -> None:
     k = next(i for i, j in enumerate(jobs) if j["slo_class"] == "latency")
     call = record["runs"]["vllm"]["results"][k]["calls"][0]
     call.update(dropped=True, reason="rejected", token_times=[], finish=None)
-    rows = bench_cli.compare(record)
+    rows = bench.compare(record)
     assert rows["vllm"]["real_drops"].get("rejected") == 1
     assert rows["vllm"]["sim_drops"].get("rejected") == 1
 
@@ -115,8 +112,8 @@ def _lockstep_calls(prof: object, slowdown: float) -> list[demo.CallResult]:
 
 
 def test_trace_step_ratio_reads_the_real_steps_off_the_token_times(line: dict) -> None:
-    prof = bench_cli.sim_profile(fit(line["samples"]), None, 8)
-    ratio, steps = bench_cli.trace_step_ratio(_lockstep_calls(prof, 2.0), prof)
+    prof = bench.sim_profile(fit(line["samples"]), None, 8)
+    ratio, steps = bench.trace_step_ratio(_lockstep_calls(prof, 2.0), prof)
     assert steps == 39
     assert ratio == pytest.approx(2.0, rel=0.02)
 
@@ -127,12 +124,12 @@ def test_the_calibration_trace_sets_the_simulated_speed(line: dict) -> None:
     from dataclasses import asdict
 
     record = _record(2.0, line["samples"])
-    prof = bench_cli.sim_profile(fit(line["samples"]), None, 8)
+    prof = bench.sim_profile(fit(line["samples"]), None, 8)
     calls = [asdict(c) for c in _lockstep_calls(prof, 1.5)]
     for run in record["runs"].values():
         run["speed_trace"] = {"seconds": 30.0, "calls": calls}
-    traced = bench_cli.compare(record)
-    probes = bench_cli.compare(record, speed="probes")
+    traced = bench.compare(record)
+    probes = bench.compare(record, speed="probes")
     for policy in ("vllm", "jitserve"):
         assert traced[policy]["trace_stretch"] == pytest.approx(1.5, rel=0.02)
         assert "calibration trace" in traced[policy]["speed_from"]
@@ -145,18 +142,18 @@ def test_the_calibration_trace_sets_the_simulated_speed(line: dict) -> None:
 
 def test_the_real_runs_are_shown_per_class_as_the_demo_scores_them(line: dict) -> None:
     record = _record(2.0, line["samples"])
-    _jobs, real = bench_cli.real_runs(record)
-    table = bench_cli.real_class_table(real, record["slo_scale"])
+    _jobs, real = bench.real_runs(record)
+    table = bench.real_class_table(real, record["slo_scale"])
     assert table is not None
     rows = {r.split()[0]: r for r in table.splitlines()[2:]}
     assert set(rows) == {"latency", "deadline", "compound", "total"}
-    jobs = [bench_cli._job_from_json(d) for d in record["jobs"]]
+    jobs = [bench._job_from_json(d) for d in record["jobs"]]
     assert int(rows["total"].split()[1]) == len(jobs)
     # the goodput columns are demo.score's totals for each run, baseline first
     for col, policy in ((2, "vllm"), (3, "jitserve")):
         recorded = record["runs"][policy]["results"]
-        results = [bench_cli._result_from_json(d, j) for d, j in zip(recorded, jobs, strict=True)]
+        results = [bench._result_from_json(d, j) for d, j in zip(recorded, jobs, strict=True)]
         want = demo.total(demo.score(results, record["slo_scale"])).goodput
         assert float(rows["total"].split()[col].replace(",", "")) == pytest.approx(want, abs=0.5)
     del real["vllm"]
-    assert bench_cli.real_class_table(real, record["slo_scale"]) is None
+    assert bench.real_class_table(real, record["slo_scale"]) is None
