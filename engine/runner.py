@@ -189,7 +189,7 @@ class EngineLengthBounds:
             self._pool = ProcessPoolExecutor(
                 1, mp_context=multiprocessing.get_context("spawn"), initializer=os.nice, initargs=(19,)
             )
-        self._tmp = tempfile.TemporaryDirectory(prefix="jitserve-engine-qrf-")
+        self._tmp = tempfile.TemporaryDirectory(prefix="jitserve-engine-qrf-")  # removed when the fit ends
         src, dst = os.path.join(self._tmp.name, "in.npz"), os.path.join(self._tmp.name, "out.npz")
         self.predictor.save(src)
         future = self._pool.submit(fit_saved, src, dst)
@@ -211,6 +211,9 @@ class EngineLengthBounds:
         except Exception:  # a failed fit keeps the old bounds; the engine must keep serving
             log.exception("jitserve: length predictor refit failed")
         finally:
+            if self._tmp is not None:  # this fit's files: the next fit makes its own
+                self._tmp.cleanup()
+                self._tmp = None
             with self._lock:
                 self._during_fit.clear()
                 self._fitting = False

@@ -280,6 +280,8 @@ def test_save_load_round_trip_matches_the_same(history, tmp_path):
 
 
 def test_signature_vocabulary_stays_bounded(monkeypatch):
+    """The store's real signature cap, lowered with monkeypatch (not a mock): at its default it takes
+    thousands of distinct graphs to reach, too many for a unit test."""
     import jitserve.scheduler.analyzer.patterns as patterns
 
     # not a mock: the real cap, lowered so the test reaches it with a few graphs

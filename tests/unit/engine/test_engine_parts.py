@@ -381,6 +381,7 @@ def test_length_bounds_fit_in_a_child_process_and_keep_what_finished_meanwhile(t
         assert bounds.predictor.trained
         assert bounds.predictor.history_size == 45
         assert path.exists() and LengthPredictor.load(str(path)).trained
+        assert bounds._tmp is None  # the fit's scratch files are gone
         ub = bounds.bounds([100], [0], [0], [0], [512])
         assert 1 <= int(ub[0]) < 512  # a learned bound, not max_tokens
     finally:
