@@ -15,9 +15,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from jitserve.operator import validation as v
-from jitserve.scheduler.gmax import GMAXParams
-
-_GMAX = GMAXParams()  # GMAX's defaults are declared once, in the core (scheduler/gmax.py)
+from jitserve.scheduler.contracts.gmax_params import GMAX_DEFAULTS, Cutoff, FrameSteps, StarvationDelta
 
 
 def _check_quantity(value: str | int) -> str | int:
@@ -165,21 +163,9 @@ class PreemptionMode(StrEnum):
 class SchedulerSpec(_Model):
     """JITServe scheduler parameters (the engine's flags; K goes to the router)."""
 
-    frameSteps: int = Field(
-        _GMAX.frame_steps, ge=1, le=10_000, description="Delta: decode steps per scheduling frame"
-    )
-    cutoff: float = Field(
-        _GMAX.cutoff,
-        gt=0,
-        le=1,
-        description="p: GMAX's initial cutoff on the cumulative priority (tuned online)",
-    )
-    starvationDelta: float = Field(
-        _GMAX.starvation_delta,
-        ge=0,
-        le=1000,
-        description="goodput tokens added to a waiting request's priority per frame",
-    )
+    frameSteps: FrameSteps = GMAX_DEFAULTS.frame_steps
+    cutoff: Cutoff = GMAX_DEFAULTS.cutoff
+    starvationDelta: StarvationDelta = GMAX_DEFAULTS.starvation_delta
     preemption: PreemptionMode = Field(
         PreemptionMode.AUTO,
         description="GMAX's preemptions: auto (the engine's mechanism: vLLM V1 recomputes), recompute, never",
