@@ -43,9 +43,10 @@ def build(args: argparse.Namespace | RouterSettings) -> tuple[Any, Any]:
 
     from jitserve.router.app import serve_app
     from jitserve.router.auth import Keyring, keys_from_secret_data, parse_keys
-    from jitserve.router.classes import ClassRegistry, table_from_configmap, table_from_file
+    from jitserve.router.classes import ClassRegistry, snapshot_from_file
     from jitserve.router.pool import Pool
     from jitserve.router.service import Router
+    from jitserve.scheduler.contracts.classes_configmap import builtin_snapshot, snapshot_from_data
 
     args = settings_from(args)
     if not args.engines and not args.engine_selector:
@@ -53,14 +54,14 @@ def build(args: argparse.Namespace | RouterSettings) -> tuple[Any, Any]:
     config = args.to_config()
     registry = ClassRegistry()
     if args.classes_file:
-        registry.replace(table_from_file(args.classes_file, args.default_class))
+        registry.replace(snapshot_from_file(args.classes_file, args.default_class))
     elif args.default_class:
-        from jitserve.router.classes import ClassTable
-
-        table = ClassTable(default=args.default_class)
-        if args.default_class not in table.classes and not args.classes_configmap:
-            raise SystemExit(f"jitserve router: --default-class {args.default_class!r} is not a known class")
-        registry.replace(table)
+        try:
+            registry.replace(builtin_snapshot(args.default_class))
+        except ValueError as exc:
+            # The pool's ConfigMap may define the class; until it loads the router is not ready anyway.
+            if not args.classes_configmap:
+                raise SystemExit(f"jitserve router: {exc}") from None
     if args.classes_configmap:
         registry.awaiting = f"configmap {args.namespace}/{args.classes_configmap}"
     keyring = Keyring()
@@ -104,7 +105,7 @@ def build(args: argparse.Namespace | RouterSettings) -> tuple[Any, Any]:
                         registry.last_error = f"{where} not found; keeping the current classes"
                         return
                     try:
-                        registry.replace(table_from_configmap(cm.data or {}, args.default_class, where))
+                        registry.replace(snapshot_from_data(cm.data or {}, where, args.default_class))
                         router.metrics.classes_reloads.labels("ok").inc()
                     except ValueError as exc:
                         registry.last_error = str(exc)

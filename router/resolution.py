@@ -72,7 +72,7 @@ class Resolver:
 
 def resolve_fields(fields: dict[str, Any], table: Any, program_stages: int | None) -> Resolved:
     try:
-        name, slo = resolve_request_slo(fields, table.classes, table.default_class(), program_stages or 1)
+        name, slo = resolve_request_slo(fields, table.classes, table.default, program_stages or 1)
     except SLOError as exc:
         code = "unknown_slo_class" if exc.field == "slo_class" else "invalid_slo"
         raise bad_request(str(exc), param=_SLO_PARAM.get(exc.field, exc.field), code=code) from None

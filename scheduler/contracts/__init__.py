@@ -3,7 +3,7 @@
 | module | contract | written by -> read by |
 |---|---|---|
 | `xargs` | per-request `vllm_xargs` keys: `render_xargs`, `parse_xargs` | router -> engine |
-| `classes_configmap` | classes ConfigMap: `render_classes`, `parse_classes` | operator -> router, engine |
+| `classes_configmap` | classes ConfigMap: `render_classes`, `ClassSnapshot` | operator -> router, engine |
 | `replica_report` | `ReplicaState` from the numbers: `assemble_replica_state` | engine, simulator -> router |
 | `router_metrics` | per-class series names on the router's `/metrics` | router -> operator |
 

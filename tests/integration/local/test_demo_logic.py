@@ -159,10 +159,10 @@ def test_a_classes_file_reaches_every_engine_and_the_router(tmp_path: Path) -> N
     from jitserve.engine import cli as engine_cli
     from jitserve.local import up
     from jitserve.router import cli as router_cli
-    from jitserve.router.classes import table_from_file
+    from jitserve.router.classes import snapshot_from_file
 
     example = Path(__file__).resolve().parents[3] / "docs" / "examples" / "classes-chat-first.json"
-    table = table_from_file(str(example), None)
+    table = snapshot_from_file(str(example), None)
     assert table.classes["latency"].goodputWeights.output == 4.0
     assert {"latency", "deadline", "compound", "best-effort"} <= set(table.classes)
 

@@ -7,9 +7,13 @@ import json
 import pytest
 
 from jitserve.scheduler.contracts.classes_configmap import (
+    ClassSnapshot,
+    builtin_snapshot,
+    mounted_default_path,
     parse_classes,
-    parse_classes_document,
     render_classes,
+    snapshot_from_data,
+    snapshot_from_text,
 )
 from jitserve.scheduler.contracts.xargs import XARGS_KEYS, parse_xargs, render_xargs
 from jitserve.scheduler.slo import PAPER_CLASSES, SLO, SLOType
@@ -23,9 +27,67 @@ def test_classes_round_trip_and_stable_bytes() -> None:
     assert render_classes(dict(reversed(list(PAPER_CLASSES.items()))), "best-effort") == data
     raw = json.loads(data["classes.json"])
     assert raw["latency"]["ttftSeconds"] == 2.0 and raw["latency"]["type"] == "latency"  # camelCase specs
-    # A file of the data's shape may hold the map itself; a bare map names no default.
-    assert parse_classes_document({"classes.json": raw}, "f") == (PAPER_CLASSES, None)
-    assert parse_classes_document(raw, "f") == (PAPER_CLASSES, None)
+    assert snapshot_from_data(data, "cm") == ClassSnapshot(PAPER_CLASSES, "best-effort", "cm")
+
+
+def test_a_classes_file_in_each_shape_gives_the_same_snapshot() -> None:
+    data = render_classes(PAPER_CLASSES, "latency")
+    raw = json.loads(data["classes.json"])
+    shapes = [
+        json.dumps(data),  # the ConfigMap's data as one file: classes.json is JSON text
+        json.dumps({"classes.json": raw, "default": "latency"}),  # ... or the map itself
+        json.dumps(raw),  # a bare map (names no default: here the mounted file does)
+    ]
+    for text in shapes:
+        snap = snapshot_from_text(text, "f.json", mounted_default="latency\n", version=3)
+        assert snap == ClassSnapshot(PAPER_CLASSES, "latency", "f.json", 3)
+    with pytest.raises(ValueError, match=r"^f\.json: not JSON"):
+        snapshot_from_text("{", "f.json")
+    with pytest.raises(ValueError, match=r"^f\.json: class 'a': Value error, deadline SLO needs"):
+        snapshot_from_text('{"a": {"type": "deadline"}}', "f.json")
+    assert mounted_default_path("/etc/jitserve/classes/classes.json") == "/etc/jitserve/classes/default"
+
+
+# Classes for the precedence table: "m" is marked `default: true`, "a", "b", "c" are not.
+MARKED = {
+    "a": {"type": "best-effort"},
+    "b": {"type": "best-effort"},
+    "c": {"type": "best-effort"},
+    "m": {"type": "best-effort", "default": True},
+}
+
+
+@pytest.mark.parametrize(
+    ("in_data", "mounted", "flag", "expected"),
+    [
+        ("a", "b", "c", "a"),  # the data's own default first
+        (None, "b", "c", "b"),  # then the mounted `default` beside the file
+        (None, " \n", "c", "c"),  # a blank mounted default names none: the flag
+        (None, None, "c", "c"),  # then the flag
+        ("a", None, "gold", "a"),  # a flag is not consulted (nor checked) when the data names a default
+        (None, None, None, "m"),  # then the class marked default
+    ],
+)
+def test_the_default_class_precedence(in_data: str | None, mounted: str | None, flag: str | None,
+                                      expected: str) -> None:  # fmt: skip
+    data = {"classes.json": json.dumps(MARKED), **({"default": in_data} if in_data else {})}
+    assert snapshot_from_text(json.dumps(data), "f", flag, mounted_default=mounted).default == expected
+    if mounted is None:  # the API's ConfigMap has no file beside it: the same answer without one
+        assert snapshot_from_data(data, "cm", flag).default == expected
+
+
+def test_no_default_at_all_and_defaults_that_name_no_class() -> None:
+    unmarked = {"a": {"type": "best-effort"}}
+    assert snapshot_from_text(json.dumps(unmarked), "f").default is None  # requests run best-effort
+    with pytest.raises(ValueError, match="f: default class 'gold' is not among"):
+        snapshot_from_text(json.dumps(unmarked), "f", "gold")  # a consulted flag must name a class
+    with pytest.raises(ValueError, match="f: default class 'gold' is not among"):
+        snapshot_from_text(json.dumps(unmarked), "f", "a", mounted_default="gold")
+    # The built-in classes follow the same rules: the flag, else the paper's marked best-effort.
+    assert builtin_snapshot() == ClassSnapshot(PAPER_CLASSES, "best-effort")
+    assert builtin_snapshot("latency").default == "latency"
+    with pytest.raises(ValueError, match="default class 'gold'"):
+        builtin_snapshot("gold")
 
 
 @pytest.mark.parametrize(

@@ -11,13 +11,13 @@ from replica_states import idle_state, loaded_state
 
 from jitserve.router.accounting import Accounting
 from jitserve.router.auth import Keyring, keys_from_secret_data, parse_keys
-from jitserve.router.classes import table_from_configmap
 from jitserve.router.errors import RouterError
 from jitserve.router.inbound import parse_inbound
 from jitserve.router.programs import ProgramTracker
 from jitserve.router.replicas import Defaults, Health, Replica, effective_state
 from jitserve.scheduler.admission import Action, decide
 from jitserve.scheduler.analyzer.patterns import PatternStore
+from jitserve.scheduler.contracts.classes_configmap import snapshot_from_data
 from jitserve.scheduler.goodput import RequestRecord
 from jitserve.scheduler.placement import ReplicaState
 from jitserve.scheduler.requests import NewRequest
@@ -167,17 +167,12 @@ def test_request_parsing_estimates_and_strips() -> None:
 
 def test_configmap_tables_validate_and_name_the_problem() -> None:
     good = {"classes.json": json.dumps({"a": {"type": "deadline", "deadlineSeconds": 3}})}
-    table = table_from_configmap(good, None, "cm")
-    assert (
-        table.classes["a"] == SLOClassSpec(type="deadline", deadlineSeconds=3)
-        and table.default_class() is None
-    )
+    table = snapshot_from_data(good, "cm")
+    assert table.classes["a"] == SLOClassSpec(type="deadline", deadlineSeconds=3) and table.default is None
     with pytest.raises(ValueError, match="class 'a': ttftSeconds"):
-        table_from_configmap(
-            {"classes.json": json.dumps({"a": {"type": "latency", "ttftSeconds": -1}})}, None, "cm"
-        )
+        snapshot_from_data({"classes.json": json.dumps({"a": {"type": "latency", "ttftSeconds": -1}})}, "cm")
     with pytest.raises(ValueError, match="default class 'zz'"):
-        table_from_configmap({**good, "default": "zz"}, None, "cm")
+        snapshot_from_data({**good, "default": "zz"}, "cm")
 
 
 def test_length_bounds_start_at_max_tokens_and_learn_from_finished_requests() -> None:
@@ -214,7 +209,7 @@ def test_slo_resolution_is_cached_per_class_table_and_follows_a_swap() -> None:
         "a": {"type": "deadline", "deadlineSeconds": 3, "default": True},
         "s": {"type": "compound", "deadlineSeconds": 2, "perStage": True},
     }
-    first = table_from_configmap({"classes.json": json.dumps(classes)}, None, "1")
+    first = snapshot_from_data({"classes.json": json.dumps(classes)}, "1")
     registry = ClassRegistry(first)
 
     def router() -> Resolver:
@@ -232,8 +227,8 @@ def test_slo_resolution_is_cached_per_class_table_and_follows_a_swap() -> None:
     assert resolve(cached, {"slo_class": "a", "deadline": 9})[1].deadline == 9  # explicit numbers: not cached
     assert len(cached.cache) == len(bodies)
     registry.replace(
-        table_from_configmap(
-            {"classes.json": json.dumps({"a": {"type": "deadline", "deadlineSeconds": 5}})}, None, "2"
+        snapshot_from_data(
+            {"classes.json": json.dumps({"a": {"type": "deadline", "deadlineSeconds": 5}})}, "2"
         )
     )
     assert resolve(cached, {"slo_class": "a"})[1].deadline == 5  # a class edit applies to the next request
