@@ -10,7 +10,10 @@ import argparse
 import importlib
 import sys
 
-# name -> (module with `add_arguments(parser)` and `run(args) -> int`, one-line help)
+from jitserve import settings
+
+# name -> (module with `add_arguments(parser)` and `run(args) -> int`, one-line help). A module with a
+# `SETTINGS` class (jitserve.settings) has its options validated here, before `run`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("jitserve.engine.cli", "start a vLLM engine with the JITServe scheduler"),
     "router": ("jitserve.router.cli", "start the SLO-aware OpenAI-compatible router"),
@@ -31,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module_name)
+        p.set_defaults(_module=module_name, _parser=p)
         try:
             module = importlib.import_module(module_name)
         except ImportError:
@@ -47,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(module, "ACCEPTS_EXTRA_ARGS", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
+    settings_cls = getattr(module, "SETTINGS", None)
+    if settings_cls is not None:
+        try:
+            settings.from_args(settings_cls, args)
+        except settings.SettingsError as exc:
+            args._parser.error(str(exc))  # usage, the message naming the flag, exit status 2
     return int(module.run(args) or 0)
 
 

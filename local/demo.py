@@ -28,14 +28,19 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jitserve import settings as cli_settings
+from jitserve.local.settings import DemoSettings
+
 CLASSES = ("latency", "deadline", "compound")
-DEFAULT_BASELINE = "vllm"  # stock vLLM, FCFS queue, no JITServe scheduler (jitserve engine --policy vllm)
-DEFAULT_POLICY = "jitserve"
+# stock vLLM, FCFS queue, no JITServe scheduler (jitserve engine --policy vllm)
+DEFAULT_BASELINE = str(DemoSettings.model_fields["baseline"].default)
+DEFAULT_POLICY = str(DemoSettings.model_fields["policy"].default)
+SETTINGS = DemoSettings  # the options' one declaration (docgen reads it)
 
 # Words the prompts are drawn from: real text so the tokenizer sees ordinary input, with lengths that
 # vary per request (the heterogeneity that makes batch composition matter).
@@ -531,101 +536,19 @@ async def measure_capacity(
 # CLI
 
 
-def add_arguments(parser: argparse.ArgumentParser, help_overrides: Mapping[str, str] | None = None) -> None:
-    """The demo's options; `help_overrides` (dest -> help) rewords those that mean something else to a
-    command reusing them (`jitserve bench`)."""
-    from jitserve.local import up
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # every option is declared once, in local/settings.py (flag, JITSERVE_DEMO_* variable, default);
+    # `jitserve bench` reuses them through BenchSettings, a subclass
+    cli_settings.add_arguments(parser, DemoSettings)
 
-    reworded = dict(help_overrides or {})
-    parser.add_argument(
-        "--mode",
-        choices=("parallel", "sequential"),
-        default="parallel",
-        help=reworded.pop(
-            "mode",
-            "parallel (default): both stacks at once, each engine on its own cores, the trace sent to both "
-            "at the same time, so background load hits both alike; sequential: one stack after the other",
-        ),
-    )
-    parser.add_argument(
-        "--engines",
-        type=int,
-        default=None,
-        help=reworded.pop("engines", "engines per stack (default: 1 in parallel mode, 2 in sequential)"),
-    )
-    if reworded:
-        raise ValueError(f"help_overrides: only mode and engines can be reworded, not {sorted(reworded)}")
-    parser.add_argument(
-        "--model",
-        default=os.environ.get("JITSERVE_MODEL"),
-        help="HF model directory (default: the cached SmolLM2-135M-Instruct)",
-    )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="model cache (default $JITSERVE_CACHE_DIR or ~/.cache/jitserve)",
-    )
-    parser.add_argument("--policy", default=DEFAULT_POLICY, help="the engines' policy in the JITServe run")
-    parser.add_argument(
-        "--baseline",
-        default=DEFAULT_BASELINE,
-        help="the engines' policy in the baseline run (default vllm: stock vLLM FCFS)",
-    )
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run (60)")
-    parser.add_argument(
-        "--min-jobs",
-        type=int,
-        default=120,
-        help="stretch the arrivals beyond --duration until this many jobs are expected (default 120: "
-        "with fewer the per-class ratios swing from seed to seed; docs/local.md)",
-    )
-    parser.add_argument(
-        "--rate",
-        type=float,
-        default=None,
-        help="arrivals per second (default: measured saturation rate x --overload)",
-    )
-    parser.add_argument(
-        "--overload",
-        type=float,
-        default=1.75,
-        help="arrival rate over the measured saturation rate (default 1.75)",
-    )
-    parser.add_argument(
-        "--slo-scale",
-        type=float,
-        default=None,
-        help="multiply the paper's SLO times by this (default: measured step time / 50 ms, at least 1; "
-        "1 = the paper's SLOs)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    parser.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=up.DEFAULT_MAX_NUM_SEQS,
-        help=f"sequences per batch per engine (default {up.DEFAULT_MAX_NUM_SEQS})",
-    )
-    parser.add_argument(
-        "--classes-file",
-        type=Path,
-        default=None,
-        help=up.CLASSES_FILE_HELP + "; both stacks get it, and scoring stays the paper's (unweighted tokens)",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("jitserve-demo.png"),
-        help="plot path; the numbers go next to it as .json (default ./jitserve-demo.png)",
-    )
-    parser.add_argument(
-        "--log-dir", type=Path, default=None, help="component logs (default <cache-dir>/logs/demo-<pid>)"
-    )
-    parser.add_argument("--port", type=int, default=None, help="router port (default: a free port)")
+
+def settings_from(args: argparse.Namespace | DemoSettings) -> DemoSettings:
+    """Validated settings (a BenchSettings passes as it is); a bad value exits with status 2."""
+    return cli_settings.parse_settings(DemoSettings, args, "jitserve demo")
 
 
 def _stack_config(
-    args: argparse.Namespace, model: Path, policy: str, log_dir: Path, slot: int, slots: int, pin: bool = True
+    args: DemoSettings, model: Path, policy: str, log_dir: Path, slot: int, slots: int, pin: bool = True
 ) -> Any:
     from jitserve.local import up
 
@@ -640,7 +563,7 @@ def _stack_config(
         cpu_slot=slot,
         cpu_slots=slots,
         cpu_pin=pin,
-        classes_file=args.classes_file,
+        classes_file=Path(args.classes_file) if args.classes_file else None,
     )
 
 
@@ -688,7 +611,7 @@ class Plan:
 
 
 def calibrate(
-    args: argparse.Namespace, urls: Sequence[str], labels: Sequence[str], model: str, stop: threading.Event
+    args: DemoSettings, urls: Sequence[str], labels: Sequence[str], model: str, stop: threading.Event
 ) -> Plan:
     """Measure saturation throughput (all given stacks at once; the first, the baseline, sets the plan)
     unless --rate and --slo-scale say it all; then build the trace."""
@@ -725,7 +648,7 @@ def calibrate(
 
 
 def report(
-    args: argparse.Namespace,
+    args: DemoSettings,
     model: Path,
     names: tuple[str, str],
     plan: Plan,
@@ -772,7 +695,7 @@ def report(
 
 
 def _run_parallel(
-    args: argparse.Namespace, model: Path, names: tuple[str, str], log_dir: Path, stop: threading.Event
+    args: DemoSettings, model: Path, names: tuple[str, str], log_dir: Path, stop: threading.Event
 ) -> tuple[Plan, list[list[JobResult]]]:
     """Both stacks at once, one trace sent to both at the same instants.
 
@@ -804,7 +727,7 @@ def _run_parallel(
 
 
 def _run_sequential(
-    args: argparse.Namespace, model: Path, names: tuple[str, str], log_dir: Path, stop: threading.Event
+    args: DemoSettings, model: Path, names: tuple[str, str], log_dir: Path, stop: threading.Event
 ) -> tuple[Plan, list[list[JobResult]]]:
     """The baseline stack, then the JITServe stack, each with every core; calibrated on the baseline."""
     plan: Plan | None = None
@@ -824,14 +747,10 @@ def _run_sequential(
     return plan, results
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace | DemoSettings) -> int:
     from jitserve.local import models, up
 
-    if args.engines is None:
-        args.engines = 1 if args.mode == "parallel" else 2
-    if args.engines < 1:
-        print("error: --engines must be at least 1", file=sys.stderr)
-        return 2
+    args = settings_from(args)  # --engines defaults by --mode there; a bad value exits 2
     stop = threading.Event()
     with up.stop_on_signals(stop):
         try:

@@ -3,10 +3,10 @@
     python -m jitserve.local.docgen configuration > docs/configuration.md
     python -m jitserve.local.docgen metrics > docs/metrics.md
 
-Options come from each subcommand's own declaration: the typed settings classes of the engine and the
-router (jitserve.settings: flag, variable, default, meaning), the `add_arguments` of the others
-(recorded through argparse's public `add_argument`); metrics from the router's registry and the
-engine's exposition. The reference cannot drift from the code by more than one regeneration
+Options come from each subcommand's own declaration: its typed settings class (jitserve.settings: flag,
+variable, default, meaning; the module's `SETTINGS`), or for a command without one the options its
+`add_arguments` declares (recorded through argparse's public `add_argument`); metrics from the router's
+registry and the engine's exposition. The reference cannot drift from the code by more than one regeneration
 (tests/unit/test_docs_generated.py fails until it is regenerated). Variables that are not an option's
 are listed by hand below.
 """
@@ -23,28 +23,21 @@ from jitserve.settings import Option, OptionRecorder, options
 
 # (subcommand, one-line context)
 COMPONENTS: tuple[tuple[str, str], ...] = (
-    ("up", "the local stack (`local/up.py`); see docs/local.md"),
-    ("demo", "the local comparison (`local/demo.py`); see docs/local.md"),
-    ("engine", "one vLLM engine with the JITServe scheduler (`engine/cli.py`); see docs/engine.md"),
-    ("router", "the SLO-aware OpenAI router (`router/cli.py`); see docs/api.md"),
-    ("operator", "the Kubernetes operator (`operator/cli.py`); see docs/operations.md"),
+    ("up", "the local stack (`local/settings.py`); see docs/local.md"),
+    ("demo", "the local comparison (`local/settings.py`); see docs/local.md"),
+    (
+        "bench",
+        "one workload on real local engines and in the simulator (`local/settings.py`: the demo's "
+        "options plus its own)",
+    ),
+    ("engine", "one vLLM engine with the JITServe scheduler (`engine/settings.py`); see docs/engine.md"),
+    ("router", "the SLO-aware OpenAI router (`router/settings.py`); see docs/api.md"),
+    ("operator", "the Kubernetes operator (`operator/settings.py`); see docs/operations.md"),
+    ("sim", "the simulator's comparison (`sim/settings.py`); see docs/simulator.md"),
 )
 
 # Environment variables that are not simply a flag's default. (name, read by, meaning)
 ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
-    (
-        "JITSERVE_CACHE_DIR",
-        "up, demo",
-        "model cache (default `$XDG_CACHE_HOME/jitserve` or `~/.cache/jitserve`)",
-    ),
-    ("JITSERVE_MODEL", "up, demo", "model directory, as `--model`"),
-    ("JITSERVE_ENGINES", "up", "engines, as `--engines`"),
-    ("JITSERVE_PORT", "up", "router port, as `--port`"),
-    (
-        "JITSERVE_ENGINE_IMAGE, JITSERVE_ENGINE_CPU_IMAGE, JITSERVE_ROUTER_IMAGE",
-        "operator",
-        "default images, as the `--*-image` flags",
-    ),
     ("KUBECONFIG", "router, operator", "cluster access outside a pod (in a pod: the service account)"),
     (
         "VLLM_CPU_OMP_THREADS_BIND",
@@ -75,7 +68,11 @@ def _row(opt: Option, typed: bool) -> str:
     meaning = opt.help + (f" (one of: {', '.join(opt.choices)})" if opt.choices else "")
     if opt.kind == "list" and typed:
         meaning += " (repeatable; the variable: a comma list)"
-    default = "" if opt.default is None or opt.default is False or opt.default == [] else f"`{opt.default}`"
+    if opt.kind == "csv":
+        meaning += " (comma-separated)"
+    if opt.kind == "switch" and opt.default is True and opt.env:
+        meaning += " (the variable: 0 turns it off)"
+    default = "" if opt.shown_default is None else f"`{opt.shown_default}`"
     flag = ", ".join(f"`{f}`" for f in opt.flag.split(", ")) + (" (required)" if opt.required else "")
     cells = [flag, default] + ([" ".join(f"`{e}`" for e in opt.env)] if typed else []) + [meaning]
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
@@ -86,10 +83,10 @@ def configuration() -> str:
         "# Configuration reference",
         "",
         "Every flag and environment variable of the `jitserve` commands in one place. Generated from the",
-        "commands' own declarations by `python -m jitserve.local.docgen configuration`: the engine's and",
-        "the router's typed settings (`engine/settings.py`, `router/settings.py`), the other commands'",
-        "argparse options; each command's `--help` says the same. Defaults shown are the declared ones",
-        "(a set variable becomes the flag's default; a flag wins).",
+        "commands' own declarations by `python -m jitserve.local.docgen configuration`: each command's",
+        "typed settings (a `jitserve.settings.Settings` class: flag, variable, default, validation);",
+        "each command's `--help` says the same. Defaults shown are the declared ones (a set variable",
+        "becomes the flag's default; a flag wins; where two variables are listed, the first set wins).",
         "",
     ]
     for name, context in COMPONENTS:

