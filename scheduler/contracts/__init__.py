@@ -6,6 +6,7 @@
 | `classes_configmap` | classes ConfigMap: `render_classes`, `ClassSnapshot` | operator -> router, engine |
 | `replica_report` | `ReplicaState` from the numbers: `assemble_replica_state` | engine, simulator -> router |
 | `router_metrics` | per-class series names on the router's `/metrics` | router -> operator |
+| `gmax_params` | GMAX tunables: `FrameSteps`, `Cutoff`, `StarvationDelta` | operator -> engine |
 
 Pure like the rest of the core: stdlib, pydantic and numpy only, no I/O and no environment.
 """
