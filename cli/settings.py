@@ -77,6 +77,16 @@ class Settings(BaseSettings):
     )
 
     @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: Any, **sources: Any
+    ) -> tuple[Any, ...]:
+        # Only the given values: the environment is read in one place, through `env_names` (the flags'
+        # defaults in add_arguments, and from_env), so older names (env_also) and a flag's precedence
+        # hold everywhere; pydantic-settings' own reading would also fill fields from_args left out and
+        # JSON-parse a list variable ("a,b" fails).
+        return (init_settings,)
+
+    @classmethod
     def env_names(cls, name: str) -> tuple[str, ...]:
         """The environment variables of field `name`, first match wins: its validation_alias names, or
         the class's prefix + the option's name, then any older names it lists as `env_also`."""
@@ -271,8 +281,8 @@ def add_arguments(
             default = _split_commas(env_value) if env_value else opt.default
             target.add_argument(*opt.flags, action=_ReplaceAppend, default=default, **kwargs)
             continue
-        # a string default goes through `type` and `choices` at parse time, so a bad variable fails
-        # like a bad flag, naming it
+        # a string default goes through `type` at parse time (argparse checks no default against
+        # `choices`; from_args does), so a bad variable fails like a bad flag, naming it
         default = env_value if env_value is not None else opt.default
         if opt.kind == "csv" and env_value is None:
             default = opt.shown_default or ""  # the flag's own form: one comma-separated text
@@ -294,8 +304,7 @@ class _ReplaceAppend(argparse.Action):
 
 def _validate(cls: type[S], values: dict[str, Any]) -> S:
     try:
-        # model_validate: these values only (no second read of the environment)
-        return cls.model_validate(values)
+        return cls.model_validate(values)  # these values only (settings_customise_sources)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
-from jitserve.engine.settings import EngineSettings
 from jitserve.local import docgen
-from jitserve.router.settings import RouterSettings
+from jitserve.main import SUBCOMMANDS
 from jitserve.settings import options
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -17,12 +17,26 @@ def test_configuration_md_is_regenerated() -> None:
     assert DOC.read_text() == docgen.configuration(), f"docs/configuration.md is stale: {regenerate}"
 
 
-def test_every_settings_field_is_documented_with_its_variable() -> None:
-    text = docgen.configuration()
-    for cls in (EngineSettings, RouterSettings):
-        for opt in options(cls):
-            row = next((line for line in text.splitlines() if line.startswith(f"| `{opt.flag}`")), None)
-            assert row is not None, opt.flag
-            assert all(f"`{env}`" in text for env in opt.env), opt.flag
+def _sections(text: str) -> dict[str, str]:
+    """`## jitserve <command>` heading -> the text up to the next heading."""
+    parts = text.split("\n## ")
+    return {p.split("\n", 1)[0]: p for p in parts[1:]}
+
+
+def test_each_commands_options_are_in_its_own_section_with_their_variables() -> None:
+    sections = _sections(docgen.configuration())
+    documented = {name for name, _ in docgen.COMPONENTS}
+    for name, (module, _) in SUBCOMMANDS.items():
+        cls = getattr(importlib.import_module(module), "SETTINGS", None)
+        if cls is None:
+            continue
+        assert name in documented, f"jitserve {name} has settings but no section"
+        section = sections[f"`jitserve {name}`"]
+        rows = [line for line in section.splitlines() if line.startswith("| `")]
+        assert len(rows) == len(options(cls)), name  # one row per option, no other command's
+        for opt, row in zip(options(cls), rows, strict=True):
+            assert row.startswith("| " + ", ".join(f"`{f}`" for f in opt.flags)), (name, opt.flag)
+            assert all(f"`{env}`" in row for env in opt.env), (name, opt.flag)
     # the engine-core process's variables (internal) are listed too
+    text = docgen.configuration()
     assert "JITSERVE_FRAME_STEPS" in text and "JITSERVE_MODEL_NAME" in text
