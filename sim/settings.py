@@ -17,6 +17,7 @@ from pydantic_settings import SettingsConfigDict
 
 from jitserve.settings import Seed, Settings, comma_list
 
+# JITServe, its oracle and its paper ranking, then every baseline (sim/policies.py has a few more variants)
 DEFAULT_POLICIES = (
     "jitserve",
     "jitserve-oracle",
@@ -32,7 +33,6 @@ DEFAULT_POLICIES = (
     "slos-serve",
     "qlm",
 )
-
 Names = comma_list(str)
 PositiveFloats = comma_list(PositiveFloat)
 
