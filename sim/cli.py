@@ -7,6 +7,7 @@ build its parser); the simulator loads inside `run`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -111,16 +112,7 @@ def run(args: argparse.Namespace | SimSettings) -> int:
         file=sys.stderr,
     )
     for rate in rates:
-        cfg = RunConfig(
-            rate_per_replica=rate,
-            replicas=base.replicas,
-            duration_s=base.duration_s,
-            seed=base.seed,
-            profile=base.profile,
-            placement=base.placement,
-            predictor=base.predictor,
-            heterogeneity=base.heterogeneity,
-        )
+        cfg = dataclasses.replace(base, rate_per_replica=rate)  # the options', at this rate
         done: dict[str, float] = {}
 
         def progress(name: str, t: float, done: dict[str, float] = done, rate: float = rate) -> None:
