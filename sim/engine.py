@@ -16,7 +16,8 @@ end at the first completion, prefill completion, frame boundary, KV exhaustion o
 Each token gets the exact time of the step that produced it, so per-token goodput is exact under
 the model; only the slow growth of contexts inside a macro step is averaged (mid-point contexts).
 
-The policy is the scheduler core's `Policy`: the engine calls `plan` at frame boundaries (every
+The policy is the scheduler core's `Policy`, driven by the core's `FrameDriver` (scheduler/frames.py,
+the same one the vLLM adapter uses) on simulated time: a plan at frame boundaries (every
 `frame_steps` steps) and, to stay work-conserving, whenever a request arrives or finishes while a
 batch slot is free. Mid-frame plans only admit, unless the policy sets `preempts_midframe` (just-in-time
 GMAX): then the engine re-plans on every event, full batch or not, and carries out the plan's
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jitserve.scheduler.frames import LIGHT, FrameDriver
 from jitserve.scheduler.gmax import EngineSpeed, FramePlan
 from jitserve.scheduler.policy import Policy
 from jitserve.scheduler.requests import LATENCY, NewRequest, RequestTable
@@ -161,11 +163,6 @@ class Engine:
     _step_decoded: np.ndarray = field(default_factory=lambda: np.zeros(4096, np.bool_))
     _nsteps: int = 0
     _running: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # slots, admission order
-    _plan: FramePlan | None = None
-    _steps_in_frame: int = 0
-    _dirty: bool = True
-    _frame_goodput: float = 0.0
-    _frame_start: float = 0.0
     _v_token: float = 0.0
     _speed: EngineSpeed | None = None
     _kv_cache: int = -1  # KV tokens in use; -1 = recompute
@@ -182,8 +179,15 @@ class Engine:
         self._sync_capacity()
         self._v_token = self.timing.decode_step_time(max(self.config.batch_size // 4, 1), 1024.0)
         self._prefill_rate = self.timing.prefill_tokens_per_s(min(self.config.token_budget, 2048))
-        self._framed = self.policy.frame_steps > 1
-        self._midframe = bool(getattr(self.policy, "preempts_midframe", False))
+        # The core's frame driver on simulated time. Policies with frame_steps == 1 are unframed here
+        # (planned on events only), and frames close with the latest plan: see scheduler/frames.py.
+        self.driver = FrameDriver(
+            self.policy,
+            self.table,
+            lambda: self.clock,
+            framed=self.policy.frame_steps > 1,
+            close_with="last_plan",
+        )
         # The policy may run fewer sequences than the engine allows (GMAX's B < max_num_seqs).
         params = getattr(self.policy, "params", None)
         policy_batch = getattr(params, "batch_size", None) or getattr(self.policy, "batch_size", None)
@@ -249,7 +253,7 @@ class Engine:
         self._preempted_at[slot] = -math.inf
         if self.table.slo_type[slot] == LATENCY:
             self._segs[slot] = []
-        self._dirty = True
+        self.driver.mark_dirty()
 
     def step(self, t_limit: float = math.inf) -> list[Finished]:
         """Plan if due, then run one macro step (or idle briefly). Returns finished/dropped calls."""
@@ -261,7 +265,7 @@ class Engine:
         if self._running.size == 0:
             if self.busy:  # queued work the policy holds back (or KV-blocked): look again soon
                 self.clock = max(self.clock + _IDLE_WAKE_S, min(t_limit, self.clock + 1.0))
-                self._dirty = True
+                self.driver.mark_dirty()
                 self._kv_preempted = False
         else:
             self._run_macro_step(t_limit, out)
@@ -299,43 +303,32 @@ class Engine:
             out.append(self._finish(slot, dropped=True))
             self.stats.aborts += 1
         if gone.size:
-            self._dirty = True
+            self.driver.mark_dirty()
 
     # ------------------------------------------------------------------------------ planning
     def _maybe_plan(self, out: list[Finished]) -> None:
-        frame_due = self._framed and (self._plan is None or self._steps_in_frame >= self.policy.frame_steps)
-        has_room = self._running.size < self._policy_batch
-        # A policy that preempts mid-frame looks at every event, full batch or not (an urgent arrival
-        # may take a slot at once); other framed policies only while a slot is free.
-        event_due = self._dirty and (not self._framed or has_room or self._midframe)
-        if not (frame_due or event_due) or len(self.table) == 0:
+        # A framed policy re-plans on an event only while a batch slot is free, unless it preempts
+        # mid-frame (an urgent arrival may take a slot at once): the driver's `has_room`.
+        kind = self.driver.due(has_room=self._running.size < self._policy_batch)
+        if kind is None:
             return
-        if frame_due and self._plan is not None:
-            span = max(self.clock - self._frame_start, 1e-9)
-            self.policy.end_frame(self.table, self._plan, self._frame_goodput / span)
-            self.stats.frames += 1
-        plan = self.policy.plan(self.table, self.clock, self.speed())
-        self.stats.plans += 1
-        full = frame_due or not self._framed or self._midframe
-        if full and not frame_due and self._framed and plan.preempt.size:
+        plan = self.driver.plan(kind, self.speed())
+        self.stats.plans, self.stats.frames = self.driver.plans, self.driver.frames_closed
+        if kind == LIGHT and plan.preempt.size:  # (kept by the driver only if the policy preempts mid-frame)
             self.stats.midframe_preemptions += int(self.table.running[plan.preempt].sum())
-        self._apply(plan, full=full, out=out)
-        self._plan = plan
-        self._dirty = False
-        if frame_due or self._plan is None:
-            self._steps_in_frame = 0
-            self._frame_goodput = 0.0
-            self._frame_start = self.clock
+        self._apply(plan, out=out)
 
     def _reacts_to_arrivals(self) -> bool:
         """Whether a request arriving mid-macro-step could change the next step: if a batch slot is
         free, the policy preempts mid-frame, or it re-plans (and may preempt) on every event. Any
         other framed policy with a full batch looks at arrivals only at its next frame boundary."""
-        if self._running.size < self._policy_batch or self._midframe:
+        if self._running.size < self._policy_batch or self.driver.preempts_midframe:
             return True
-        return not self._framed and bool(getattr(self.policy, "preemptive", False))
+        return not self.driver.framed and bool(getattr(self.policy, "preemptive", False))
 
-    def _apply(self, plan: FramePlan, full: bool, out: list[Finished]) -> None:
+    def _apply(self, plan: FramePlan, out: list[Finished]) -> None:
+        """Carry out a plan: drops, preemptions (a light plan has none unless the policy preempts
+        mid-frame: the frame driver removed them), then admissions in the plan's batch order."""
         if plan.order.size:  # the budget's order for prefills not yet started (vLLM's waiting queue)
             self._rank[plan.order] = np.arange(plan.order.size, dtype=np.float64)
         for slot in plan.drop.tolist():
@@ -343,7 +336,7 @@ class Engine:
                 continue  # started requests are never dropped
             out.append(self._finish(slot, dropped=True))
             self.stats.drops += 1
-        if full and plan.preempt.size:
+        if plan.preempt.size:
             for slot in plan.preempt.tolist():
                 if self.table.active[slot] and self.table.running[slot]:
                     self._preempt(slot, self.config.preemption)
@@ -426,7 +419,7 @@ class Engine:
             self._preempt(victim, "recompute")
             self.stats.kv_preemptions += 1
             self._kv_preempted = True  # nothing is admitted until a step has run
-            self._dirty = True
+            self.driver.mark_dirty()
             return  # recompose next call
         # How many identical steps
         k = cfg.macro_cap
@@ -439,8 +432,9 @@ class Engine:
                 k = 1
             else:
                 k = min(k, int(np.maximum(rem_pre // np.maximum(chunks, 1), 1).min()))
-        if self._framed:
-            k = min(k, max(self.policy.frame_steps - self._steps_in_frame, 1))
+        to_frame = self.driver.steps_left()
+        if to_frame is not None:
+            k = min(k, to_frame)
         dec_ctx0 = (self.table.computed[dec]).astype(np.float64)
         pre_off0 = self.table.computed[pre].astype(np.float64)
         dt0 = self.timing.step_time(dec_ctx0, chunks, pre_off0)
@@ -481,7 +475,7 @@ class Engine:
         self._kv_cache = -1
         self.stats.steps += k
         self.stats.busy_s += k * dt
-        self._steps_in_frame += k
+        self.driver.advance(k)
         if dec.size and not pre.size:
             self._v_token = 0.8 * self._v_token + 0.2 * dt
         # Completions
@@ -490,7 +484,7 @@ class Engine:
         for slot in finished.tolist():
             out.append(self._finish(slot, dropped=False))
         if finished.size or done_pre.size:
-            self._dirty = True
+            self.driver.mark_dirty()
         self._refresh_bounds()
 
     def _refresh_bounds(self) -> None:
@@ -551,7 +545,8 @@ class Engine:
         return int(((tokens + bs - 1) // bs * bs).sum())
 
     def _kv_victim(self) -> int:
-        order = self._plan.order if self._plan is not None else self._running
+        last = self.driver.last_plan
+        order = last.order if last is not None else self._running
         running = set(self._running.tolist())
         for s in order[::-1].tolist():
             if s in running:
@@ -610,7 +605,7 @@ class Engine:
             # goodput the engine saw this frame (the cutoff tuner's reward): tokens on time
             slo_ok = self.clock <= self.table.deadline_abs[slot] + 1e-9
             if self.table.slo_type[slot] == LATENCY or slo_ok:
-                self._frame_goodput += float(self.table.w_in[slot] * self.table.input_len[slot] + gen)
+                self.driver.record(float(self.table.w_in[slot] * self.table.input_len[slot] + gen))
         if self.table.running[slot]:
             self._running = self._running[self._running != slot]
             self._kv_cache = -1
