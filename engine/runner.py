@@ -5,11 +5,16 @@ with the engine (progress, running), refreshes length bounds, runs the policy at
 keeps per-class goodput. It never touches vLLM: the adapter reads the engine into it and carries out the
 `FramePlan` it returns, so the same runner can be tested with plain Python calls.
 
-When to plan: a full frame every `policy.frame_steps` engine steps (order, preemptions, drops,
-starvation aging, cutoff tuning). Between frames, arrivals join the tail of vLLM's queue while the
-plan decides who takes a freed slot only through its order, so the runner re-plans "lightly" on a
-step after arrivals: it applies the order and drops of a fresh plan but never preempts, leaving
-GMAX's cost-aware preemption at frame granularity as §4.2 prescribes.
+When to plan is the core's `FrameDriver` (scheduler/frames.py, the simulator's too), on wall time: a
+full frame every `frame_steps` engine steps (order, preemptions, drops, starvation aging, cutoff
+tuning). Between frames, arrivals join the tail of vLLM's queue while the plan decides who takes a
+freed slot only through its order, so the runner re-plans "lightly" on a step after arrivals: it
+applies the order and drops of a fresh plan, and its preemptions only if the policy preempts
+mid-frame (just-in-time GMAX); Algorithm 1 keeps preemption at frame granularity as §4.2 prescribes.
+
+The runner's settings are `SchedulerSettings` (engine/settings.py: each one's default and validation
+declared there once, GMAX's defaults taken from `GMAXParams`), plus what only the engine knows: its
+batch size (vLLM's max_num_seqs) and served model name.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,77 +43,20 @@ from jitserve.engine.state import (
 )
 from jitserve.scheduler.contracts.replica_report import assemble_replica_state
 from jitserve.scheduler.contracts.xargs import RequestSLO, parse_xargs
+from jitserve.scheduler.frames import FULL, FrameDriver, PlanKind
 from jitserve.scheduler.gmax import FramePlan, GMAXParams, expired
 from jitserve.scheduler.goodput import RequestRecord
-from jitserve.scheduler.policy import POLICY_NAMES, Policy, make_policy
+from jitserve.scheduler.policy import Policy, make_policy
 from jitserve.scheduler.requests import NewRequest, RequestTable
+
+if TYPE_CHECKING:
+    from jitserve.engine.settings import SchedulerSettings
 
 log = logging.getLogger("jitserve.engine")
 
-FULL, LIGHT = "full", "light"
-_GMAX = GMAXParams()  # GMAX's defaults are declared once, in the core (scheduler/gmax.py)
-
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    policy: str = "jitserve"
-    frame_steps: int = _GMAX.frame_steps
-    batch_size: int = _GMAX.batch_size
-    cutoff: float = _GMAX.cutoff  # GMAX's initial p (the policy tunes it online)
-    starvation_delta: float = _GMAX.starvation_delta
-    preemption: str = "auto"  # auto | recompute | never; vLLM V1 has no swap
-    classes_file: str | None = None
-    default_class: str | None = None
-    runtime_dir: str | None = None
-    pod: str = "engine"
-    model: str = "model"
-    recent: int = 64  # requests kept in the state's debug list
-    window_s: float = 60.0  # goodput window reported per class
-    length_refresh_tokens: int = 50  # §4.1: refresh the bound every 50 generated tokens
-    use_analyzer: bool = True
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICY_NAMES:
-            raise ValueError(f"policy: unknown policy {self.policy!r} (known: {', '.join(POLICY_NAMES)})")
-        if self.frame_steps < 1:
-            raise ValueError(f"frame_steps: must be >= 1, got {self.frame_steps}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
-        if self.preemption not in ("auto", "recompute", "never"):
-            raise ValueError(f"preemption: must be auto, recompute or never, got {self.preemption!r}")
-
-    def gmax_overrides(self) -> dict[str, object]:
-        """GMAX parameters from the engine's flags. vLLM V1 preempts only by recomputing, so `auto`
-        prices every preemption as a recompute (a swap estimate would be a cost the engine never pays)."""
-        preemption = "recompute" if self.preemption == "auto" else self.preemption
-        return {
-            "frame_steps": self.frame_steps,
-            "cutoff": self.cutoff,
-            "starvation_delta": self.starvation_delta,
-            "preemption": preemption,
-        }
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str], batch_size: int, model: str) -> RunnerConfig:
-        """The engine process gets its settings from `jitserve engine` through JITSERVE_* variables,
-        declared once in engine/settings.py (`SchedulerSettings`: written by `to_env`, read here)."""
-        from jitserve.engine.settings import SchedulerSettings
-
-        s = SchedulerSettings.from_env(env)
-        return cls(
-            policy=s.policy,
-            frame_steps=s.frame_steps,
-            batch_size=batch_size,
-            cutoff=s.cutoff,
-            starvation_delta=s.starvation_delta,
-            preemption=s.preemption,
-            classes_file=s.classes_file,
-            default_class=s.default_class,
-            runtime_dir=s.runtime_dir,
-            pod=s.pod_name or "engine",
-            model=s.model_name or model,
-            use_analyzer=s.analyzer,
-        )
+RECENT = 64  # requests kept in the state's debug list
+WINDOW_S = 60.0  # goodput window reported per class
+LENGTH_REFRESH_TOKENS = 50  # §4.1: refresh the bound every 50 generated tokens
 
 
 @dataclass
@@ -228,40 +176,71 @@ class EngineLengthBounds:
 
 
 class FrameRunner:
-    def __init__(self, config: RunnerConfig, policy: Policy | None = None) -> None:
-        self.config = config
-        self.policy: Policy = policy or make_policy(
-            config.policy, config.batch_size, **config.gmax_overrides()
+    """The engine's scheduler state around one policy. `settings`: the scheduler's (JITSERVE_*);
+    `batch_size`: vLLM's max_num_seqs; `model`: the served model's name unless the settings give one;
+    `clock`: wall time (seconds since the epoch, as vLLM stamps arrivals), injectable for tests."""
+
+    def __init__(
+        self,
+        settings: SchedulerSettings,
+        batch_size: int,
+        model: str = "model",
+        *,
+        policy: Policy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        self.settings = settings
+        self.batch_size = batch_size
+        self.model = settings.model_name or model
+        self.pod = settings.pod_name or "engine"
+        self.runtime_dir = settings.runtime_dir
+        self.clock = clock
+        policy = policy or make_policy(settings.policy, batch_size, **settings.gmax_overrides())
+        self.table = RequestTable(capacity=max(64, 4 * batch_size))
+        # frame_steps from the settings, not the policy's: vLLM-style baselines (whose policies say 1)
+        # re-plan at GMAX's cadence, and vLLM steps on without asking, so every policy is framed here.
+        self.driver = FrameDriver(
+            policy, self.table, clock, frame_steps=settings.frame_steps, close_with="frame_plan"
         )
-        self.frame_steps = config.frame_steps  # KeyedPolicy baselines replan at the same cadence
-        self.table = RequestTable(capacity=max(64, 4 * config.batch_size))
-        self.classes = ClassSource(config.classes_file, config.default_class)
+        self.classes = ClassSource(settings.classes_file, settings.default_class)
         self.meter = SpeedMeter()
-        self.window = GoodputWindow(config.window_s)
+        self.window = GoodputWindow(WINDOW_S)
         self.meta: dict[str, _Meta] = {}
-        self.recent: deque[RequestDebug] = deque(maxlen=config.recent)
+        self.recent: deque[RequestDebug] = deque(maxlen=RECENT)
         self.tenants: dict[str, int] = {"": 0}
-        self.frames = 0
-        self.steps = 0
         self.dropped_total = 0
         self.preempted_total = 0
         self.invalid_slo_total = 0
-        self.started_at = time.time()
-        self._since_frame = config.frame_steps  # plan at the first step
-        self._dirty = False
-        self._last_plan: FramePlan | None = None
-        self._last_plan_ids: list[str] = []
-        self._frame_start = time.time()
-        self._frame_goodput = 0.0
+        self.started_at = clock()
         self._history: list[dict[str, Any]] = []
         self._next_expiry = float("inf")  # earliest waiting deadline of a never-started request (lower bound)
         self.bounds: EngineLengthBounds | None = None
-        if config.use_analyzer:
-            path = os.path.join(config.runtime_dir, ANALYZER_FILE) if config.runtime_dir else None
+        if settings.analyzer:
+            path = os.path.join(self.runtime_dir, ANALYZER_FILE) if self.runtime_dir else None
             try:
                 self.bounds = EngineLengthBounds(path)
             except ImportError:  # analyzer not installed in this image: bounds stay max_tokens
                 self.bounds = None
+
+    # --------------------------------------------------------------------------------- frames
+    @property
+    def policy(self) -> Policy:
+        return self.driver.policy
+
+    @property
+    def frame_steps(self) -> int:
+        return self.driver.frame_steps
+
+    @property
+    def frames(self) -> int:
+        """Frames begun (boundary plans): the state's `frames`."""
+        return self.driver.frames
+
+    @property
+    def steps(self) -> int:
+        return self.driver.steps
 
     # --------------------------------------------------------------------------------- requests
     @property
@@ -326,7 +305,7 @@ class FrameRunner:
         self.meta[request_id] = _Meta(info, arrival, int(input_len), max_tokens, debug=debug)
         self._next_expiry = min(self._next_expiry, arrival + info.slo.waiting_time)
         self.recent.append(debug)
-        self._dirty = True
+        self.driver.mark_dirty()
         return info
 
     def _bound_for(self, info: RequestSLO, prompt_len: Any, generated: Any, max_tokens: Any) -> Any:
@@ -354,7 +333,7 @@ class FrameRunner:
                 self.table.set_running(request_id, True)
         m = self.meta.get(request_id)
         if m is not None and m.debug is not None and m.debug.started_at is None:
-            m.debug.started_at = time.time()  # (a frame's sync may have marked it running already)
+            m.debug.started_at = self.clock()  # (a frame's sync may have marked it running already)
 
     def end(self, request_id: str, now: float, outcome: str) -> float:
         """A request left the engine: `finished`, `dropped` or `aborted`. Returns its token goodput."""
@@ -372,7 +351,7 @@ class FrameRunner:
             dropped=outcome == "dropped",
         )
         tokens = self.window.record(m.info.slo_class, record, now)
-        self._frame_goodput += tokens
+        self.driver.record(tokens)
         if m.debug is not None:
             m.debug.outcome = outcome
             m.debug.finished_at = now
@@ -422,7 +401,7 @@ class FrameRunner:
         """Re-predict bounds of requests that generated `length_refresh_tokens` more since the last one."""
         if self.bounds is None or not self.bounds.predictor.trained:
             return
-        t, step = self.table, self.config.length_refresh_tokens
+        t, step = self.table, LENGTH_REFRESH_TOKENS
         due = [
             (rid, m)
             for rid, m in self.meta.items()
@@ -444,44 +423,19 @@ class FrameRunner:
         for (_rid, m), g in zip(due, t.generated[slots].tolist(), strict=True):
             m.bound_at = int(g)
 
-    def step_kind(self) -> str | None:
-        """Called once per engine step: FULL at frame boundaries, LIGHT when the queue changed."""
-        self.steps += 1
-        self._since_frame += 1
-        if self._since_frame >= self.frame_steps:
-            return FULL
-        if self._dirty:
-            return LIGHT
-        return None
+    def step_kind(self) -> PlanKind | None:
+        """Called once per engine step: FULL at frame boundaries, LIGHT when arrivals changed the queue.
 
-    def plan(self, now: float, kind: str) -> FramePlan:
-        speed = self.meter.speed()
+        Every arrival is answered, full batch or not (`has_room` stays True): vLLM fills a freed slot
+        from the head of its waiting queue without asking, so the queue must already be in plan order."""
+        self.driver.advance(1)
+        return self.driver.due()
+
+    def plan(self, kind: PlanKind) -> FramePlan:
+        """The policy's plan (at the clock's now); a FULL one closes the previous frame first."""
         if kind == FULL:
-            self._close_frame(now)
             self.classes.poll()
-            self._since_frame = 0
-            self.frames += 1
-        plan = self.policy.plan(self.table, now, speed)
-        if kind == FULL:
-            self._last_plan = plan
-            self._last_plan_ids = self.table.ids(plan.order)
-        elif not getattr(self.policy, "preempts_midframe", False):
-            plan = replace(plan, preempt=plan.preempt[:0])  # Algorithm 1: preempt at frame boundaries
-        self._dirty = False
-        return plan
-
-    def _close_frame(self, now: float) -> None:
-        """End the previous frame: starvation aging and the cutoff tuner's reward (goodput/s)."""
-        plan = self._last_plan
-        if plan is None:
-            self._frame_start = now
-            return
-        live = np.asarray(
-            [self.table.slot(r) for r in self._last_plan_ids if r in self.table], dtype=np.int64
-        )
-        elapsed = max(now - self._frame_start, 1e-6)
-        self.policy.end_frame(self.table, replace(plan, order=live), self._frame_goodput / elapsed)
-        self._frame_start, self._frame_goodput = now, 0.0
+        return self.driver.plan(kind, self.meter.speed())
 
     def expired_ids(self, now: float) -> list[str]:
         """Waiting requests past waiting_time, checked every step so none is admitted after it."""
@@ -504,7 +458,7 @@ class FrameRunner:
     def state(
         self, now: float, running: int, waiting: int, kv_usage: float, vllm_version: str = ""
     ) -> EngineState:
-        B = self.config.batch_size  # noqa: N806 (the paper's name)
+        B = self.batch_size  # noqa: N806 (the paper's name)
         params = getattr(self.policy, "params", None)
         cutoff = float(params.cutoff) if isinstance(params, GMAXParams) else 1.0
         snap = self.classes.snapshot
@@ -529,8 +483,8 @@ class FrameRunner:
             self.table,
             now,
             self.meter.speed(),
-            pod=self.config.pod,
-            model=self.config.model,
+            pod=self.pod,
+            model=self.model,
             batch_size=B,
             cutoff=cutoff,
             running=running,
@@ -547,12 +501,12 @@ class FrameRunner:
 
     def flush_history(self) -> None:
         """Append finished requests to runtime_dir/history.jsonl (the analyzer's raw training rows)."""
-        if not self._history or self.config.runtime_dir is None:
+        if not self._history or self.runtime_dir is None:
             self._history.clear()
             return
         rows, self._history = self._history, []
         try:
-            with open(os.path.join(self.config.runtime_dir, HISTORY_FILE), "a", encoding="utf-8") as f:
+            with open(os.path.join(self.runtime_dir, HISTORY_FILE), "a", encoding="utf-8") as f:
                 f.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
         except OSError as exc:
             log.warning("jitserve: cannot append history: %s", exc)

@@ -2,7 +2,8 @@
 environment that carries the scheduler's part of them into vLLM's engine-core process.
 
 `SchedulerSettings` is what the engine-core process reads (`JITSERVE_<FIELD>`, set by `jitserve engine`
-through `to_env()`, read back by `RunnerConfig.from_env`); `EngineSettings` adds the server's own options
+through `to_env()`, read back by `from_env` in the vLLM adapter, which hands them to its `FrameRunner`
+as they are); `EngineSettings` adds the server's own options
 and is what `jitserve engine` parses. The command's own variables are `JITSERVE_ENGINE_<OPTION>` (as the
 router's are `JITSERVE_ROUTER_<OPTION>`): plain `JITSERVE_PORT` / `JITSERVE_MODEL` already mean the
 local stack's router port and model (`jitserve up`), and an engine started by it must not take them.
@@ -79,6 +80,16 @@ class SchedulerSettings(Settings):
     analyzer: bool = Field(
         True, description="QRF length bounds (0: max_tokens only)", json_schema_extra={"cli": False}
     )
+
+    def gmax_overrides(self) -> dict[str, object]:
+        """GMAX parameters from these settings. vLLM V1 preempts only by recomputing, so `auto` prices
+        every preemption as a recompute (a swap estimate would be a cost the engine never pays)."""
+        return {
+            "frame_steps": self.frame_steps,
+            "cutoff": self.cutoff,
+            "starvation_delta": self.starvation_delta,
+            "preemption": "recompute" if self.preemption == "auto" else self.preemption,
+        }
 
     def scheduler_env(self, **overrides: object) -> dict[str, str]:
         """The engine-core process's environment: these settings under SchedulerSettings' names."""

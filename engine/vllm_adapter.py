@@ -34,7 +34,8 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus
 
-from jitserve.engine.runner import FrameRunner, RunnerConfig
+from jitserve.engine.runner import FrameRunner
+from jitserve.engine.settings import SchedulerSettings
 from jitserve.engine.state import StatePublisher
 from jitserve.engine.version import check_vllm_version
 from jitserve.scheduler.gmax import FramePlan
@@ -62,8 +63,9 @@ class JITServeScheduler(AsyncScheduler):
                 f"(got {self.policy.value!r}); choose the JITServe policy with JITSERVE_POLICY instead"
             )
         model = str(getattr(self.vllm_config.model_config, "served_model_name", None) or "model")
-        self.jit = FrameRunner(RunnerConfig.from_env(os.environ, self.max_num_running_reqs, model))
-        runtime_dir = self.jit.config.runtime_dir
+        settings = SchedulerSettings.from_env(os.environ)  # set by `jitserve engine` (engine/settings.py)
+        self.jit = FrameRunner(settings, self.max_num_running_reqs, model)
+        runtime_dir = self.jit.runtime_dir
         self.jit_publisher = StatePublisher(runtime_dir) if runtime_dir else None
         self._jit_pending: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         self._jit_last_update: float | None = None
@@ -105,7 +107,7 @@ class JITServeScheduler(AsyncScheduler):
         kind = self.jit.step_kind()
         if kind is not None:
             self._jit_sync()
-            self._jit_apply(self.jit.plan(now, kind))
+            self._jit_apply(self.jit.plan(kind))
         self._jit_publish(now)  # throttled (PUBLISH_EVERY_S): about every frame, and while frames are long
         output = super().schedule(*args, **kwargs)
         for request in self.running:  # admitted now or before: waiting_time no longer applies

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from jitserve.engine import cli as engine_cli
-from jitserve.engine.runner import RunnerConfig
+from jitserve.engine.settings import EngineSettings, SchedulerSettings
 from jitserve.operator.models import SchedulerSpec
 from jitserve.scheduler.gmax import GMAXParams
 
@@ -26,14 +26,12 @@ CAMEL = {"frameSteps": "frame_steps", "cutoff": "cutoff", "starvationDelta": "st
 
 
 def test_runner_and_operator_model_defaults_are_gmax_params() -> None:
-    runner, spec = RunnerConfig(), SchedulerSpec()
+    # the runner takes the engine process's settings as they are: with nothing set, GMAX's defaults
+    runner, spec = SchedulerSettings.from_env({}), SchedulerSpec()
     for camel, field in CAMEL.items():
         assert getattr(runner, field) == getattr(G, field), field
         assert getattr(spec, camel) == getattr(G, field), camel
-    assert runner.batch_size == G.batch_size
-    # the engine process's settings with nothing set are the same defaults
-    from_env = RunnerConfig.from_env({}, batch_size=G.batch_size, model="m")
-    assert [getattr(from_env, f) for f in CAMEL.values()] == [getattr(G, f) for f in CAMEL.values()]
+    assert EngineSettings.model_fields["max_num_seqs"].default == G.batch_size  # the runner's batch size
 
 
 def test_engine_flag_defaults_are_gmax_params() -> None:

@@ -19,10 +19,12 @@ from jitserve.engine.accounting import GoodputWindow
 from jitserve.engine.classes import ClassSource
 from jitserve.engine.cli import ADAPTER_CLS, MIDDLEWARE, add_arguments, build_command
 from jitserve.engine.http import JITServeStateMiddleware
-from jitserve.engine.runner import FULL, LIGHT, FrameRunner, RunnerConfig
+from jitserve.engine.runner import FrameRunner
+from jitserve.engine.settings import SchedulerSettings
 from jitserve.engine.speed import SpeedMeter
 from jitserve.engine.state import EngineState, prometheus_text, read_state, write_atomic
 from jitserve.scheduler.contracts.xargs import XARGS_KEYS, parse_xargs
+from jitserve.scheduler.frames import FULL, LIGHT
 from jitserve.scheduler.goodput import RequestRecord
 from jitserve.scheduler.policy import GMAXPolicy
 from jitserve.scheduler.slo import PAPER_CLASSES, SLO, SLOType
@@ -164,17 +166,30 @@ def test_goodput_window_buckets_match_a_rescan_of_every_event() -> None:
                 assert got[c].goodput_tokens_per_s == pytest.approx(sum(e[2] for e in live) / 60.0)
 
 
-def test_runner_plans_full_frames_and_light_replans_without_preemption(tmp_path: Path) -> None:
-    r = FrameRunner(RunnerConfig(policy="jitserve", frame_steps=3, batch_size=1, use_analyzer=False))
-    assert r.step_kind() == FULL  # the first step plans
-    r.plan(time.time(), FULL)
+def settings(**values: object) -> SchedulerSettings:
+    """Scheduler settings from these values alone (validated; the environment is not read)."""
+    return SchedulerSettings.model_validate(values)
+
+
+def test_runner_plans_full_frames_and_light_replans_without_preemption() -> None:
+    now = [100.0]  # the runner's injected clock: no wall time
+    r = FrameRunner(
+        settings(policy="jitserve-paper", frame_steps=3, analyzer=False), batch_size=1, clock=lambda: now[0]
+    )
+    assert r.step_kind() is None  # an empty table is not planned
+    r.admit("a", {"deadline": 10}, arrival=now[0], input_len=5, max_tokens=8)
+    assert r.step_kind() == FULL  # the first plan begins a frame
+    r.plan(FULL)
     assert [r.step_kind() for _ in range(3)] == [None, None, FULL]  # then every frame_steps steps
-    r.plan(time.time(), FULL)
-    r.admit("a", {"deadline": 10}, arrival=time.time(), input_len=5, max_tokens=8)
+    r.plan(FULL)
+    assert r.frames == 2 and r.steps == 5
+    r.sync([("a", True, 1, 6)])
+    r.admit("b", {"deadline": 1}, arrival=now[0], input_len=5, max_tokens=8)
     assert r.step_kind() == LIGHT
-    plan = r.plan(time.time(), LIGHT)
-    assert plan.preempt.size == 0 and r.table.ids(plan.order) == ["a"]
+    plan = r.plan(LIGHT)
+    assert plan.preempt.size == 0 and sorted(r.table.ids(plan.order)) == ["a", "b"]
     assert r.step_kind() is None
+    assert r.frames == 2  # a light plan begins no frame
 
 
 # ------------------------------------------------------------------------------------ CLI and HTTP
@@ -215,7 +230,7 @@ def test_scheduler_flags_reach_the_policy() -> None:
         "--cutoff", "0.8", "--starvation-delta", "3", "--preemption", "never",
     )  # fmt: skip
     _, env = build_command(args, [])
-    policy = FrameRunner(RunnerConfig.from_env(env, batch_size=4, model="m")).policy
+    policy = FrameRunner(SchedulerSettings.from_env(env), batch_size=4, model="m").policy
     assert isinstance(policy, GMAXPolicy)
     assert (policy.params.cutoff, policy.params.starvation_delta, policy.params.preemption) == (
         0.8,
@@ -225,7 +240,7 @@ def test_scheduler_flags_reach_the_policy() -> None:
     assert policy.params.batch_size == 4
     # defaults: vLLM V1 only recomputes, so `auto` prices preemptions as recomputes
     _, env = build_command(cli_args("--model", "/m", "--device", "gpu"), [])
-    policy = FrameRunner(RunnerConfig.from_env(env, batch_size=4, model="m")).policy
+    policy = FrameRunner(SchedulerSettings.from_env(env), batch_size=4, model="m").policy
     assert isinstance(policy, GMAXPolicy)
     assert (policy.params.cutoff, policy.params.starvation_delta, policy.params.preemption) == (
         0.95, 8.0, "recompute",
@@ -333,7 +348,7 @@ class FixedBoundPredictor:
 
 
 def test_length_bounds_refresh_every_50_generated_tokens(tmp_path: Path) -> None:
-    r = FrameRunner(RunnerConfig(policy="jitserve", batch_size=2, runtime_dir=str(tmp_path)))
+    r = FrameRunner(settings(policy="jitserve", runtime_dir=str(tmp_path)), batch_size=2)
     assert r.bounds is not None, "the analyzer ships with the package: the runner must load it"
     fake = FixedBoundPredictor()
     r.bounds.predictor = fake  # type: ignore[assignment]

@@ -217,7 +217,7 @@ def test_preempts_exactly_the_plans_victims_and_only_at_frames(
 ) -> None:
     s = sched(tiny_model_dir, monkeypatch, "jitserve", max_num_seqs=1)
     policy = ScriptedPolicy(preempt=set())
-    s.jit.policy, s.jit.frame_steps = policy, policy.frame_steps
+    s.jit.driver.policy, s.jit.driver.frame_steps = policy, policy.frame_steps
     s.add_request(make_request("z-long", {"slo_class": "loose"}, max_tokens=100))
     step(s)
     assert [r.request_id for r in s.running] == ["z-long"]
@@ -225,7 +225,7 @@ def test_preempts_exactly_the_plans_victims_and_only_at_frames(
     s.add_request(make_request("a-urgent", {"slo_class": "tight"}, max_tokens=3))
     out, _ = step(s)  # arrival -> light replan: order only, never a preemption
     assert s.requests["z-long"].status == RequestStatus.RUNNING and s.jit.preempted_total == 0
-    while s.jit._since_frame != 0:  # run to the next frame boundary
+    while s.jit.driver.steps_in_frame != 0:  # run to the next frame boundary
         out, _ = step(s)
     assert s.requests["z-long"].status == RequestStatus.PREEMPTED
     assert [r.req_id for r in out.scheduled_new_reqs] == ["a-urgent"]

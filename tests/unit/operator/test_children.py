@@ -286,7 +286,7 @@ def test_engine_args_are_accepted_by_the_engine_cli() -> None:
     import argparse
 
     from jitserve.engine.cli import add_arguments, build_command
-    from jitserve.engine.runner import RunnerConfig
+    from jitserve.engine.settings import SchedulerSettings
 
     args = engine_args(ServingPoolSpec.model_validate(GPU_POOL), "latency")
     split = args.index("--")
@@ -294,8 +294,8 @@ def test_engine_args_are_accepted_by_the_engine_cli() -> None:
     add_arguments(parser)
     parsed = parser.parse_args([*args[1:split], "--device", "gpu"])
     _, env = build_command(parsed, args[split:])
-    config = RunnerConfig.from_env(env, batch_size=parsed.max_num_seqs, model="m")
+    config = SchedulerSettings.from_env(env)  # what the engine process hands its runner
     assert (config.frame_steps, config.cutoff, config.starvation_delta, config.preemption) == (
         25, 0.9, 0.5, "recompute",
     )  # fmt: skip
-    assert config.batch_size == 64 and config.default_class == "latency"
+    assert parsed.max_num_seqs == 64 and config.default_class == "latency"
