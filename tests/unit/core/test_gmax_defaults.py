@@ -78,3 +78,34 @@ def test_chart_values_schema_defaults_are_gmax_params() -> None:
     assert props is not None
     for camel, field in CAMEL.items():
         assert props[camel]["default"] == getattr(G, field), camel
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def test_engine_flags_and_pool_spec_share_bounds() -> None:
+    """A pool spec the API server accepts is one the engine's flags accept (contracts/gmax_params.py)."""
+    engine = SchedulerSettings.model_json_schema()["properties"]
+    spec = SchedulerSpec.model_json_schema()["properties"]
+    for camel, field in CAMEL.items():
+        engine_bounds = {k: v for k, v in engine[field].items() if k in _BOUNDS}
+        spec_bounds = {k: v for k, v in spec[camel].items() if k in _BOUNDS}
+        assert engine_bounds and engine_bounds == spec_bounds, (field, engine_bounds, spec_bounds)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--frame-steps", "10001"), ("--cutoff", "1.5"), ("--starvation-delta", "-1")]
+)
+def test_engine_rejects_what_the_crd_rejects(flag: str, value: str) -> None:
+    props = _scheduler_schema(yaml.safe_load((ROOT / "crds/jitserve.dev_servingpools.yaml").read_text()))
+    camel = {"--frame-steps": "frameSteps", "--cutoff": "cutoff", "--starvation-delta": "starvationDelta"}[
+        flag
+    ]
+    bound = props[camel]
+    number = float(value)
+    assert number > bound.get("maximum", float("inf")) or number < bound.get("minimum", float("-inf"))
+    parser = argparse.ArgumentParser()
+    engine_cli.add_arguments(parser)
+    args = parser.parse_args(["--model", "m", flag, value])
+    with pytest.raises(ValueError, match=flag):
+        engine_cli.settings_from(args)
