@@ -22,18 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-BASELINES = [
-    "sarathi",
-    "vllm",
-    "vllm-priority",
-    "edf",
-    "sjf",
-    "ltr",
-    "autellix",
-    "tempo",
-    "slos-serve",
-    "qlm",
-]
+from jitserve.sim.settings import DEFAULT_POLICIES
+
+# every baseline `jitserve sim` runs by default, in its order (sim/settings.py declares the list)
+BASELINES = [p for p in DEFAULT_POLICIES if not p.startswith("jitserve")]
 
 
 def ratios_markdown(by_rate: dict[float, dict[str, object]]) -> str:
