@@ -129,13 +129,16 @@ class EngineLengthBounds:
         import tempfile
         from concurrent.futures import ProcessPoolExecutor
 
-        from jitserve.scheduler.analyzer.length import fit_saved
+        from jitserve.scheduler.analyzer.length import fit_saved, fit_worker_init
 
         if self._pool is None:
-            # spawn, not fork: vLLM's engine core has threads a fork would copy mid-state; niced, so the
-            # engine's own steps keep its (pinned) core
+            # spawn, not fork: vLLM's engine core has threads a fork would copy mid-state; the worker is
+            # niced (the engine's own steps keep its pinned core) and dies with this process
             self._pool = ProcessPoolExecutor(
-                1, mp_context=multiprocessing.get_context("spawn"), initializer=os.nice, initargs=(19,)
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=fit_worker_init,
+                initargs=(os.getpid(),),
             )
         self._tmp = tempfile.TemporaryDirectory(prefix="jitserve-engine-qrf-")  # removed when the fit ends
         src, dst = os.path.join(self._tmp.name, "in.npz"), os.path.join(self._tmp.name, "out.npz")

@@ -21,7 +21,12 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from jitserve.scheduler.analyzer.features import MAX_CATEGORY_CODE, slo_type_code
-from jitserve.scheduler.analyzer.length import LengthPredictor, LengthPredictorConfig, fit_saved
+from jitserve.scheduler.analyzer.length import (
+    LengthPredictor,
+    LengthPredictorConfig,
+    fit_saved,
+    fit_worker_init,
+)
 from jitserve.scheduler.slo import SLOType
 
 log = logging.getLogger("jitserve.router.analysis")
@@ -94,13 +99,13 @@ class LengthBounds:
                 src, dst = str(Path(tmp) / "in.npz"), str(Path(tmp) / "out.npz")
                 self.predictor.save(src)
                 if self._pool is None:
-                    # spawn, not fork: the router has threads (watches, executor) a fork would copy mid-state
-                    # and niced: on a small node the fit must yield the CPU to the proxy path
+                    # spawn, not fork: the router has threads (watches, executor) a fork would copy mid-state;
+                    # the worker is niced (the fit yields the CPU to the proxy path) and dies with the router
                     self._pool = ProcessPoolExecutor(
                         1,
                         mp_context=multiprocessing.get_context("spawn"),
-                        initializer=os.nice,
-                        initargs=(19,),
+                        initializer=fit_worker_init,
+                        initargs=(os.getpid(),),
                     )
                 fitted = await asyncio.get_running_loop().run_in_executor(self._pool, fit_saved, src, dst)
                 if fitted:
