@@ -1,4 +1,7 @@
-"""Typed settings (jitserve.settings): one declaration gives flag, variable, default and validation."""
+"""Typed settings (jitserve.settings): one declaration gives flag, variable, default and validation.
+
+Nothing is mocked: variables are set in the real process environment with monkeypatch (which
+restores it after each test), the way a shell or a pod spec sets them."""
 
 from __future__ import annotations
 

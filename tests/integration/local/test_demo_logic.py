@@ -2,6 +2,9 @@
 
 Scoring goes through jitserve.scheduler.goodput (the one implementation); these tests pin how the
 demo turns what the client saw into its records (arrival, token times, drops, programs).
+
+One monkeypatch: the progress-bar test makes captured stderr claim to be a terminal (`isatty`), since
+pytest cannot attach a real TTY; the bar code itself runs unchanged.
 """
 
 from __future__ import annotations

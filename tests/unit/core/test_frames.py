@@ -2,6 +2,11 @@
 
 The engine and the simulator both drive their policy through it, so these tests pin its rules with a
 scripted policy and a fake clock; no wall time is read anywhere (time.time & co. raise here).
+
+Why not real parts: the driver is pure, and its contract is "time comes only from the injected
+clock"; a scripted policy records what the driver asked of it, which a real GMAX would hide. The
+real policies run through this driver in the simulator tests and the real-engine tests.
+Monkeypatching `time` is the check, not a stand-in: any wall-clock read fails.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """`jitserve up`, `demo` and `bench` options come from local/settings.py: one declaration each, the
-bench's the demo's plus its own (a subclass, not argparse's internals)."""
+bench's the demo's plus its own (a subclass, not argparse's internals).
+
+Nothing is mocked: variables are set in the real process environment with monkeypatch (which
+restores it after each test), the way a shell or a pod spec sets them."""
 
 from __future__ import annotations
 

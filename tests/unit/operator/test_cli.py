@@ -1,4 +1,7 @@
-"""`jitserve operator` and `jitserve crds` are wired into the CLI, and stay light to import."""
+"""`jitserve operator` and `jitserve crds` are wired into the CLI, and stay light to import.
+
+Nothing is mocked: variables are set in the real process environment with monkeypatch (which
+restores it after each test), the way the chart's Deployment sets them."""
 
 from __future__ import annotations
 

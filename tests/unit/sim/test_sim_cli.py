@@ -1,4 +1,7 @@
-"""`jitserve sim`'s options come from SimSettings (sim/settings.py): flag, variable, default, validation."""
+"""`jitserve sim`'s options come from SimSettings (sim/settings.py): flag, variable, default, validation.
+
+Nothing is mocked: variables are set in the real process environment with monkeypatch (which
+restores it after each test), the way a shell sets them."""
 
 from __future__ import annotations
 
