@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jitserve.sim.settings import DEFAULT_POLICIES
+from jitserve.sim.settings import DEFAULT_POLICIES, JITSERVE, ORACLE, PAPER
 
-# every baseline `jitserve sim` runs by default, in its order (sim/settings.py declares the list)
-BASELINES = [p for p in DEFAULT_POLICIES if not p.startswith("jitserve")]
+# every baseline `jitserve sim` runs by default, in its order (sim/settings.py declares the names)
+BASELINES = [p for p in DEFAULT_POLICIES if p not in (JITSERVE, ORACLE, PAPER)]
 
 
 def ratios_markdown(by_rate: dict[float, dict[str, object]]) -> str:

@@ -17,7 +17,25 @@ from pydantic_settings import SettingsConfigDict
 
 from jitserve.settings import Seed, Settings, comma_list
 
-# JITServe, its oracle and its paper ranking, then every baseline (sim/policies.py has a few more variants)
+# The simulator's policy names, declared once (the suite, `jitserve sim` and bench/sim.py read them here;
+# this module stays light: the `jitserve` dispatcher imports it to build its parser).
+JITSERVE, ORACLE, PAPER = "jitserve", "jitserve-oracle", "jitserve-paper"
+BASELINES = (
+    "vllm",
+    "vllm-v1",
+    "vllm-priority",
+    "sarathi",
+    "edf",
+    "sjf",
+    "ltr",
+    "autellix",
+    "tempo",
+    "slos-serve",
+    "qlm",
+)
+# `jitserve sim`'s default: JITServe, its oracle and paper ranking, then every baseline but vllm-v1 (a
+# variant of vllm's queue the suite audits; sim/policies.py has a few more variants)
+DEFAULT_POLICIES = (JITSERVE, ORACLE, PAPER, *(p for p in BASELINES if p != "vllm-v1"))
 DEFAULT_POLICIES = (
     "jitserve",
     "jitserve-oracle",

@@ -23,23 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from jitserve.sim.runner import RunConfig, compare, make_bounds
+from jitserve.sim.settings import BASELINES, JITSERVE, ORACLE, PAPER
 from jitserve.sim.workload import WorkloadSpec, generate, load_workload
 
 FCFS = "vllm"  # the reference for load and for "no class below vLLM FCFS"
-JITSERVE, ORACLE, PAPER = "jitserve", "jitserve-oracle", "jitserve-paper"
-BASELINES = (
-    "vllm",
-    "vllm-v1",
-    "vllm-priority",
-    "sarathi",
-    "edf",
-    "sjf",
-    "ltr",
-    "autellix",
-    "tempo",
-    "slos-serve",
-    "qlm",
-)
 POLICIES = (JITSERVE, PAPER, ORACLE, *BASELINES)
 LOADS = (0.5, 1.0, 1.5, 2.0)
 # A ratio counts as a loss only below this: seeds' spread and ties at light load (every policy serves
