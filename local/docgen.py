@@ -4,8 +4,7 @@
     python -m jitserve.local.docgen metrics > docs/metrics.md
 
 Options come from each subcommand's own declaration: its typed settings class (jitserve.settings: flag,
-variable, default, meaning; the module's `SETTINGS`), or for a command without one the options its
-`add_arguments` declares (recorded through argparse's public `add_argument`); metrics from the router's
+variable, default, meaning; the module's `SETTINGS`); metrics from the router's
 registry and the engine's exposition. The reference cannot drift from the code by more than one regeneration
 (tests/unit/test_docs_generated.py fails until it is regenerated). Variables that are not an option's
 are listed by hand below.
@@ -19,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from jitserve.settings import Option, OptionRecorder, options
+from jitserve.settings import Option, options
 
 # (subcommand, one-line context)
 COMPONENTS: tuple[tuple[str, str], ...] = (
@@ -51,22 +50,19 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def command_options(name: str) -> tuple[str | None, list[Option], bool]:
-    """(epilog, options, typed) of subcommand `name`: its settings class's fields when it has one."""
+def command_options(name: str) -> tuple[str | None, list[Option]]:
+    """(epilog, options) of subcommand `name`: its settings class's fields."""
     from jitserve.main import SUBCOMMANDS
 
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    recorder = OptionRecorder(prog=f"jitserve {name}")
-    module.add_arguments(recorder)
-    settings_cls = getattr(module, "SETTINGS", None)
-    if settings_cls is not None:
-        return recorder.epilog, options(settings_cls), True
-    return recorder.epilog, recorder.recorded, False
+    parser = argparse.ArgumentParser(prog=f"jitserve {name}")
+    module.add_arguments(parser)  # for the epilog a command may set
+    return parser.epilog, options(module.SETTINGS)
 
 
-def _row(opt: Option, typed: bool) -> str:
+def _row(opt: Option) -> str:
     meaning = opt.help + (f" (one of: {', '.join(opt.choices)})" if opt.choices else "")
-    if opt.kind == "list" and typed:
+    if opt.kind == "list":
         meaning += " (repeatable; the variable: a comma list)"
     if opt.kind == "csv":
         meaning += " (comma-separated)"
@@ -74,7 +70,7 @@ def _row(opt: Option, typed: bool) -> str:
         meaning += " (the variable: 0 turns it off)"
     default = "" if opt.shown_default is None else f"`{opt.shown_default}`"
     flag = ", ".join(f"`{f}`" for f in opt.flag.split(", ")) + (" (required)" if opt.required else "")
-    cells = [flag, default] + ([" ".join(f"`{e}`" for e in opt.env)] if typed else []) + [meaning]
+    cells = [flag, default, " ".join(f"`{e}`" for e in opt.env), meaning]
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
 
@@ -91,17 +87,14 @@ def configuration() -> str:
     ]
     for name, context in COMPONENTS:
         try:
-            epilog, opts, typed = command_options(name)
+            epilog, opts = command_options(name)
         except ImportError:
             continue
         out += [f"## `jitserve {name}`", "", f"{context}.", ""]
         if epilog:
             out += [epilog, ""]
-        if typed:
-            out += ["| flag | default | variable | meaning |", "|---|---|---|---|"]
-        else:
-            out += ["| flag | default | meaning |", "|---|---|---|"]
-        out += [_row(o, typed) for o in opts]
+        out += ["| flag | default | variable | meaning |", "|---|---|---|---|"]
+        out += [_row(o) for o in opts]
         out.append("")
     out += [
         "`jitserve engine` passes any argument it does not know (after `--`, or simply unknown) to vLLM's",

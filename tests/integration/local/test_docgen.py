@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 from jitserve.local import docgen, up
-from jitserve.settings import OptionRecorder
+from jitserve.settings import options
 
 
 def test_configuration_lists_every_component_and_every_up_flag() -> None:
     text = docgen.configuration()
     for name, _ in docgen.COMPONENTS:
         assert f"## `jitserve {name}`" in text
-    parser = OptionRecorder()
-    up.add_arguments(parser)
-    assert parser.recorded
-    for option in parser.recorded:
+    recorded = options(up.SETTINGS)
+    assert recorded
+    for option in recorded:
         for flag in option.flag.split(", "):
             assert f"`{flag}`" in text, flag
 
