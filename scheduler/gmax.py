@@ -469,20 +469,37 @@ def margin_goodput(
     """
     droppable = ~table.started[slots] & (table.slo_type[slots] != BEST_EFFORT)
     work = _work(table, speed, params, slots)
-    return _margin(work, now + delay, value_now, droppable, table.waiting_deadline[slots])
+    return _margin(work, now, now + delay, value_now, droppable, table.waiting_deadline[slots])
+
+
+def _first_token_late(work: _Work, start: float | np.ndarray) -> np.ndarray:
+    """Per latency row: the stream has no token yet and its first one misses arrival + TTFT if
+    service starts at `start`."""
+    start_lat = start[work.lat] if np.ndim(start) else start
+    x = start_lat + work.lat_prefill + work.lat_lag - work.lat_arrival - work.lat_ttft
+    return (work.lat_generated == 0) & (x > 1e-9)
 
 
 def _margin(
     work: _Work,
+    now: float,
     start: float | np.ndarray,
     value_now: np.ndarray,
     droppable: np.ndarray,
     waiting_deadline: np.ndarray,
 ) -> np.ndarray:
-    """margin_goodput of `work`'s rows if service starts at `start` (one per row or one for all);
-    `droppable`: not started and not best-effort (same rows as `work`)."""
+    """margin_goodput of `work`'s rows if service starts at `start` (one per row or one for all)
+    instead of `now`; `droppable`: not started and not best-effort (same rows as `work`).
+
+    A stream whose first token is on time now but late at `start` has all of it at stake: a missed
+    TTFT fails the chat as its user sees it, though a fast decoder wins back most later tokens
+    (docs/decisions/core.md, "A stream's first token").
+    """
     _, goodput_late, feasible_late = _timed(work, start, stream_t_rem=False)
     dropped = droppable & (waiting_deadline < start)
+    if work.lat.size:
+        misses = _first_token_late(work, start) & ~_first_token_late(work, now)
+        dropped[work.lat[misses]] = True
     value_late = np.where(feasible_late & ~dropped, goodput_late, 0.0)
     return np.maximum(value_now - value_late, 0.0)
 
@@ -517,7 +534,9 @@ def _plan_jit(
     def lost(pos: np.ndarray, delay: float | np.ndarray) -> np.ndarray:
         """margin_goodput of the slots at `pos` (positions into `slots`) for `delay` (one per position
         or one for all), from the analysis already made."""
-        return _margin(work.take(pos), now + delay, value_now[pos], droppable[pos], waiting_deadline[pos])
+        return _margin(
+            work.take(pos), now, now + delay, value_now[pos], droppable[pos], waiting_deadline[pos]
+        )
 
     # Exactly zero without a second pass: best-effort work (never reserved), infeasible work, and
     # deadline work with a frame of slack that no drop can catch within the frame.
@@ -533,7 +552,7 @@ def _plan_jit(
     margin = np.zeros(slots.size)
     if maybe.any():
         # most rows are priced: all of them at once costs fewer numpy calls than gathering them first
-        lost_in_frame = _margin(work, now + horizon, value_now, droppable, waiting_deadline)
+        lost_in_frame = _margin(work, now, now + horizon, value_now, droppable, waiting_deadline)
         margin = np.where(maybe, lost_in_frame, 0.0)
     urgent = an.feasible & (margin > _EPS) & ~is_be
     be_due = is_be & (work.deadline - now < an.t_gen + horizon)

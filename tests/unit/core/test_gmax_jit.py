@@ -74,6 +74,36 @@ def test_a_request_about_to_pass_its_waiting_time_has_all_its_goodput_at_stake()
     assert margin_goodput(table, 1.0, SPEED, JIT, slots, value, 1.0)[0] == 0.0
 
 
+def test_a_chat_about_to_miss_its_first_token_has_the_whole_stream_at_stake():
+    """Token by token, a frame's delay costs the chat only the tokens a fast decoder cannot win back
+    (32 of 200 here); its user sees a missed TTFT. Counted whole, it outranks a deadline request
+    that is about to miss, whose prompt tokens outweighed those 32 before."""
+    table = RequestTable()
+    table.add(_chat("chat"))  # TTFT 1 s; first token at 0.1 s if started now, 2.65 s after a frame
+    table.add(deadline_request("tight", deadline=4.0, input_len=60, ub=40))  # 1.9 s of slack
+    slots = table.active_slots()
+    horizon = JIT.frame_steps * SPEED.step_time
+    value = analyze(table, 0.0, SPEED, JIT).goodput
+    margins = margin_goodput(table, 0.0, SPEED, JIT, slots, value, horizon)
+    assert margins[0] == pytest.approx(200.0)  # the whole stream, not 32 late tokens
+    assert margins[1] == pytest.approx(100.0)  # the deadline request's prompt and reply
+    one_slot = GMAXParams(batch_size=1)
+    assert table.ids(plan_frame(table, 0.0, SPEED, one_slot).batch) == ["chat"]
+
+
+def test_a_chat_already_past_its_ttft_is_priced_token_by_token():
+    """Once the first token is late the stream has missed its SLO whatever happens: a further delay
+    costs only the tokens it makes late, as the paper's token-level goodput counts them."""
+    table = RequestTable()
+    table.add(_chat("chat"))
+    slots = table.active_slots()
+    value = analyze(table, 1.5, SPEED, JIT).goodput  # first token due at 1 s: already late
+    assert 0 < value[0] < 200
+    margin = margin_goodput(table, 1.5, SPEED, JIT, slots, value, 2.5)[0]
+    assert 0 < margin < value[0]
+    assert margin == pytest.approx(50.0)  # tokens 12..61 fall behind their due times
+
+
 def test_best_effort_takes_only_capacity_no_slo_needs():
     table = RequestTable()
     # a prompt-heavy best-effort job: Algorithm 1 ranks it first (its prompt tokens count as goodput)

@@ -27,6 +27,14 @@ _EPS = 1e-9
 _MAX_PAIRS = 16
 
 
+def _first_token_due_missed(table, speed, slots, start):
+    """A stream with no token yet whose first token, served from `start`, finishes after arrival + TTFT."""
+    prefill = np.maximum(table.input_len[slots] - table.computed[slots], 0) / speed.prefill_tokens_per_s
+    first_token = start + prefill + speed.step_time
+    due = table.arrival[slots] + table.ttft[slots]
+    return (table.slo_type[slots] == LATENCY) & (table.generated[slots] == 0) & (first_token > due + _EPS)
+
+
 def _margin(table, now, speed, params, slots, value_now, delay):
     late = analyze(table, now, speed, params, slots, queue_delay=delay)
     value_late = np.where(late.feasible, late.goodput, 0.0)
@@ -35,7 +43,11 @@ def _margin(table, now, speed, params, slots, value_now, delay):
         & (table.waiting_deadline[slots] < now + delay)
         & (table.slo_type[slots] != BEST_EFFORT)
     )
-    return np.maximum(value_now - np.where(dropped, 0.0, value_late), 0.0)
+    # a stream whose first token the delay makes late loses all of it (docs/decisions/core.md)
+    ttft_missed = _first_token_due_missed(table, speed, slots, now + delay) & ~_first_token_due_missed(
+        table, speed, slots, now
+    )
+    return np.maximum(value_now - np.where(dropped | ttft_missed, 0.0, value_late), 0.0)
 
 
 def _by(values, pos, descending=True):
