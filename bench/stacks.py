@@ -3,6 +3,7 @@
     .venv/bin/python bench/stacks.py                      # the full matrix (about 70 min on 2 cores)
     .venv/bin/python bench/stacks.py --mixes paper --loads 2 --seeds 0 --duration 15   # a smoke run
     .venv/bin/python bench/stacks.py --report-only docs/benchmarks/stacks.json        # re-render
+    .venv/bin/python bench/stacks.py --stacks d --compare after=A.json,before=B.json   # an A/B of one stack
 
 Stacks, each with 2 engines (`jitserve engine`, as `jitserve up` starts them) serving SmolLM2-135M:
 - a-rr: stock vLLM (FCFS) behind `vllm-router` (the Rust router, PyPI) with `--policy round_robin`;
@@ -797,6 +798,31 @@ def _ratio(a: float, b: float) -> float:
     return a / b
 
 
+def compare(runs: Sequence[tuple[str, dict[str, Any]]], stack: str) -> str:
+    """Markdown: one stack's cells in several runs side by side (an A/B across trees or repeats).
+
+    Per mix, load and class, summed over the seeds every run has: token goodput and jobs met / scored,
+    with rejections, drops and client timeouts. Sums, not ratios: with a few dozen jobs per cell the
+    run-to-run spread of the same code is what a reader must see next to the difference."""
+    cells = [(label, _cells(data)) for label, data in runs]
+    keys = sorted({(m, ld) for _, c in cells for (m, ld, st) in c if st == stack})
+    head = " | ".join(label for label, _ in runs)
+    lines = [f"| mix | load | class | {head} |", "|---|---|---|" + "---|" * len(runs)]
+    for mix, load in keys:
+        per_run = [c.get((mix, load, stack), []) for _, c in cells]
+        seeds = set.intersection(*({r["seed"] for r in rs} for rs in per_run))
+        classes = [c for c in (*CLASSES, "total") if all(c in r["classes"] for rs in per_run for r in rs)]
+        for cls in classes:
+            row = []
+            for rs in per_run:
+                got = [r["classes"][cls] for r in rs if r["seed"] in seeds]
+                gp, met, jobs = (sum(c.get(k, 0) for c in got) for k in ("goodput", "met", "jobs"))
+                rej, drop, tmo = (sum(c.get(k, 0) for c in got) for k in ("rejected", "dropped", "timeouts"))
+                row.append(f"{gp:,.0f}, {met}/{jobs} met (rej {rej}, drop {drop}, t/o {tmo})")
+            lines.append(f"| {mix} | {load:g}x | {cls} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def checks(data: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """Issue 13's goals, (d) against each baseline, pooled over seeds (per-seed min-max in brackets)."""
     cells = _cells(data)
@@ -1054,6 +1080,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="component logs, raw per-call results (raw.jsonl), tables.md (default /tmp/jitserve-stacks-PID)",
     )
     p.add_argument(
+        "--compare",
+        default=None,
+        metavar="LABEL=JSON,...",
+        help="no engines: one stack's cells (--stacks, first) in several JSONs written before, side by side "
+        "(summed over their common seeds); e.g. after=/tmp/a/stacks.json,before=/tmp/b/stacks.json",
+    )
+    p.add_argument(
         "--report-only",
         type=Path,
         default=None,
@@ -1183,6 +1216,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report_only:
         data = json.loads(args.report_only.read_text())
         print(report(data, args.out, None))
+        return 0
+    if args.compare:
+        labelled = [item.partition("=") for item in args.compare.split(",") if item.strip()]
+        if any(not label or not path for label, _, path in labelled):
+            raise SystemExit("--compare: each item must be LABEL=PATH (e.g. after=/tmp/a/stacks.json)")
+        try:
+            runs = [(label, json.loads(Path(path).read_text())) for label, _, path in labelled]
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--compare: cannot read a stacks JSON: {e}") from None
+        print(compare(runs, args.stacks.split(",")[0].strip()))
         return 0
 
     from tqdm import tqdm

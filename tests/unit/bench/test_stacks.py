@@ -110,6 +110,22 @@ def test_checks_pass_and_fail_per_cell() -> None:
     assert "**FAIL**" in text and "PASS" in text
 
 
+def test_compare_sums_one_stack_over_the_seeds_every_run_has() -> None:
+    def run(stack: str, seed: int, goodput: float, met: int, dropped: int = 0) -> dict:
+        cls = {"jobs": 4, "met": met, "goodput": goodput, "rejected": 1, "dropped": dropped, "timeouts": 0}
+        return {"mix": "paper", "load": 2.0, "stack": stack, "seed": seed,
+                "classes": {"latency": cls, "total": cls}}  # fmt: skip
+
+    after = {"runs": [run("d", 0, 100, 3), run("d", 1, 50, 1, dropped=2), run("a-rr", 0, 999, 4)]}
+    before = {"runs": [run("d", 0, 80, 2), run("d", 1, 40, 1), run("d", 2, 1000, 4)]}  # seed 2: only here
+    text = stacks.compare([("after", after), ("before", before)], "d")
+    rows = [line for line in text.splitlines() if line.startswith("| paper")]
+    assert rows[0] == (
+        "| paper | 2x | latency | 150, 4/8 met (rej 2, drop 2, t/o 0) | 120, 3/8 met (rej 2, drop 0, t/o 0) |"
+    )
+    assert len(rows) == 2 and "999" not in text and "1,000" not in text  # other stacks, other seeds left out
+
+
 def test_the_frame_is_shortened_like_the_jobs():
     # 254 ms per step: the jobs are cut to 1 / 5.08 of their tokens, and a 50-step frame to 10 steps,
     # so the frame lasts the 2.5 s it lasts at 50 ms per step instead of outlasting every SLO (12.7 s)
