@@ -496,11 +496,11 @@ def _margin(
     (docs/decisions/core.md, "A stream's first token").
     """
     _, goodput_late, feasible_late = _timed(work, start, stream_t_rem=False)
-    dropped = droppable & (waiting_deadline < start)
+    lost_whole = droppable & (waiting_deadline < start)  # dropped past its waiting_time by then
     if work.lat.size:
-        misses = _first_token_late(work, start) & ~_first_token_late(work, now)
-        dropped[work.lat[misses]] = True
-    value_late = np.where(feasible_late & ~dropped, goodput_late, 0.0)
+        misses_ttft = _first_token_late(work, start) & ~_first_token_late(work, now)
+        lost_whole[work.lat[misses_ttft]] = True
+    value_late = np.where(feasible_late & ~lost_whole, goodput_late, 0.0)
     return np.maximum(value_now - value_late, 0.0)
 
 
