@@ -1,4 +1,7 @@
-"""Pattern graphs: validation, prefix pruning, similarity, phi / sub-deadlines, decay and eviction."""
+"""Pattern graphs: validation, prefix pruning, similarity, phi / sub-deadlines, decay and eviction.
+
+One monkeypatch, not a mock: the eviction test lowers the store's real signature cap so a few graphs
+reach it (at its default it would take thousands)."""
 
 from __future__ import annotations
 

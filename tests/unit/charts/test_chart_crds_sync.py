@@ -1,5 +1,8 @@
 """The chart's CRDs are the top-level crds/ (generated from the operator's models), byte for byte, and
-the values schema's SLOClass/ServingPool definitions are derived from them (charts/sync_crds.py)."""
+the values schema's SLOClass/ServingPool definitions are derived from them (charts/sync_crds.py).
+
+Monkeypatched, not mocked: the drift test points the real sync script's paths at a scratch copy of the
+chart, so it can make the copy drift without touching the repository."""
 
 from __future__ import annotations
 

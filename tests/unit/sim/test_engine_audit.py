@@ -1,6 +1,9 @@
 """The simulated engine against vLLM v1's scheduler (issue 13, item 3): no policy-skipping shortcut,
 simulated time always advances, no KV preemption undone at the same instant, mid-frame preemption for
-policies that ask for it, and the baselines' preemption storms gone."""
+policies that ask for it, and the baselines' preemption storms gone.
+
+One monkeypatch: the stall guard's test replaces the macro step with one that does nothing, because the
+guard exists for scheduling bugs the real engine no longer has, so one must be injected to reach it."""
 
 from __future__ import annotations
 

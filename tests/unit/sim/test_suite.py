@@ -1,4 +1,7 @@
-"""The workload suite (sim/workloads/, sim/suite.py) and what `jitserve sim` shows a user."""
+"""The workload suite (sim/workloads/, sim/suite.py) and what `jitserve sim` shows a user.
+
+One monkeypatch: the progress-bar test makes captured stderr claim to be a terminal (`isatty`), since
+pytest cannot attach a real TTY; the bar code itself runs unchanged."""
 
 from __future__ import annotations
 
