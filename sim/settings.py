@@ -36,21 +36,6 @@ BASELINES = (
 # `jitserve sim`'s default: JITServe, its oracle and paper ranking, then every baseline but vllm-v1 (a
 # variant of vllm's queue the suite audits; sim/policies.py has a few more variants)
 DEFAULT_POLICIES = (JITSERVE, ORACLE, PAPER, *(p for p in BASELINES if p != "vllm-v1"))
-DEFAULT_POLICIES = (
-    "jitserve",
-    "jitserve-oracle",
-    "jitserve-paper",
-    "sarathi",
-    "vllm",
-    "vllm-priority",
-    "edf",
-    "sjf",
-    "ltr",
-    "autellix",
-    "tempo",
-    "slos-serve",
-    "qlm",
-)
 Names = comma_list(str)
 PositiveFloats = comma_list(PositiveFloat)
 
