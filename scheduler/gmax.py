@@ -472,12 +472,11 @@ def margin_goodput(
     return _margin(work, now, now + delay, value_now, droppable, table.waiting_deadline[slots])
 
 
-def _first_token_late(work: _Work, start: float | np.ndarray) -> np.ndarray:
-    """Per latency row: the stream has no token yet and its first one misses arrival + TTFT if
-    service starts at `start`."""
-    start_lat = start[work.lat] if np.ndim(start) else start
-    x = start_lat + work.lat_prefill + work.lat_lag - work.lat_arrival - work.lat_ttft
-    return (work.lat_generated == 0) & (x > 1e-9)
+def _first_token_lateness(work: _Work, now: float) -> np.ndarray:
+    """Per latency row: how late its first token would be if served from `now` (negative: early);
+    -inf for a stream that already has one (no first token left to miss)."""
+    x = now + work.lat_prefill + work.lat_lag - work.lat_arrival - work.lat_ttft
+    return np.where(work.lat_generated == 0, x, -np.inf)
 
 
 def _margin(
@@ -498,7 +497,9 @@ def _margin(
     _, goodput_late, feasible_late = _timed(work, start, stream_t_rem=False)
     lost_whole = droppable & (waiting_deadline < start)  # dropped past its waiting_time by then
     if work.lat.size:
-        misses_ttft = _first_token_late(work, start) & ~_first_token_late(work, now)
+        lateness = _first_token_lateness(work, now)
+        delay = (start[work.lat] if np.ndim(start) else start) - now
+        misses_ttft = (lateness <= 1e-9) & (lateness + delay > 1e-9)
         lost_whole[work.lat[misses_ttft]] = True
     value_late = np.where(feasible_late & ~lost_whole, goodput_late, 0.0)
     return np.maximum(value_now - value_late, 0.0)
