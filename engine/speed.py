@@ -1,9 +1,15 @@
 """Online measurement of the engine's speed: what GMAX's `EngineSpeed` needs (§4.2, §7: only
 "lightweight iteration-level execution time" is monitored, no GPU profiling).
 
-A step that only decodes gives a sample of the step time v_token. A step that also computes prompt
-tokens takes longer; the excess over the current decode estimate is attributed to those prompt tokens,
-which gives the prefill rate. Both are exponentially weighted so the estimate follows load changes.
+`step_time` (v_token) is the time a running request waits for its next token: the wall time of every
+step that decodes, whether or not other requests' prompts share it. Under load most steps carry some
+prompt work (every admission prefills); sampling decode-only steps alone measured a step the running
+requests never saw (176 ms against 213 ms on this machine's benchmark: docs/decisions/engine.md,
+"The step GMAX plans with"), so frames overran their plan and the router admitted too much.
+
+The prefill rate is the excess of a step with sizeable prompt work over a decode-only step, so decode-only
+steps keep their own estimate for that subtraction. Every estimate is exponentially weighted so it
+follows load changes.
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ from jitserve.scheduler.gmax import EngineSpeed
 
 @dataclass
 class SpeedMeter:
-    step_time: float = 0.05  # prior until measured (the GMAX default)
+    step_time: float = 0.05  # v_token: prior until measured (the GMAX default)
+    decode_step_time: float = 0.05  # a step with no prompt work: the base the prefill rate is measured over
     prefill_tokens_per_s: float = 4000.0
     alpha: float = 0.1  # weight of a new sample
     min_prefill_tokens: int = 64  # smaller prefills do not sample the rate
+    step_samples: int = 0
     decode_samples: int = 0
     prefill_samples: int = 0
     _prefill_tokens: float = 0.0
@@ -28,9 +36,11 @@ class SpeedMeter:
         """One engine step took `seconds` for `decode_seqs` decoding sequences and `prefill_tokens`."""
         if seconds <= 0 or (decode_seqs == 0 and prefill_tokens == 0):
             return
+        if decode_seqs:
+            self.step_time = self._ewma(self.step_time, seconds, self.step_samples)
+            self.step_samples += 1
         if prefill_tokens == 0:
-            a = self.alpha if self.decode_samples else 1.0
-            self.step_time = (1 - a) * self.step_time + a * seconds
+            self.decode_step_time = self._ewma(self.decode_step_time, seconds, self.decode_samples)
             self.decode_samples += 1
             return
         if prefill_tokens < self.min_prefill_tokens:
@@ -39,12 +49,16 @@ class SpeedMeter:
             return
         # Prompt work: the time beyond a decode step, floored so one noisy step cannot claim an
         # absurd rate; tokens and seconds are averaged separately (a ratio of sums, not of ratios).
-        extra = max(seconds - (self.step_time if decode_seqs else 0.0), 0.1 * seconds)
+        extra = max(seconds - (self.decode_step_time if decode_seqs else 0.0), 0.1 * seconds)
         decay = 1 - self.alpha
         self._prefill_tokens = decay * self._prefill_tokens + prefill_tokens
         self._prefill_seconds = decay * self._prefill_seconds + extra
         self.prefill_tokens_per_s = self._prefill_tokens / self._prefill_seconds
         self.prefill_samples += 1
+
+    def _ewma(self, estimate: float, sample: float, samples: int) -> float:
+        a = self.alpha if samples else 1.0  # the first sample replaces the prior
+        return (1 - a) * estimate + a * sample
 
     def speed(self) -> EngineSpeed:
         return EngineSpeed(step_time=self.step_time, prefill_tokens_per_s=self.prefill_tokens_per_s)

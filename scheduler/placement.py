@@ -158,7 +158,7 @@ def place(
         cached = np.array([cached_tokens[j] for j in sampled], dtype=np.int64)
         computed = np.minimum(cached, request.input_len)
     # A pool's replicas are the same hardware: their reported step times differ by load and by
-    # measurement lag (decode-only steps, which sample it, are rare under load), not by speed. Ranked at
+    # measurement lag (a step measured before a burst), not by speed. Ranked at
     # its own report, a replica measured before a burst looks fastest and takes all of it
     # (docs/benchmarks/sim.md, "Where JITServe loses"). Feasibility keeps each replica's own speed; the
     # ranking compares them at the slowest, so load and queue decide. Both in one `analyze`: the second

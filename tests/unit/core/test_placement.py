@@ -157,8 +157,9 @@ def test_below_every_bar_queues_only_if_it_can_start_within_its_waiting_time():
 
 
 def test_a_replica_measured_before_a_burst_does_not_take_all_of_it():
-    """A replica's step time is sampled on decode-only steps, which are rare under load, so a replica
-    that measured a short step before a burst keeps reporting it while it fills up. Ranked at its report
+    """A replica's step time is an average that lags its load (the simulator's profile step, an
+    engine's meter), so a replica that measured a short step before a burst reports it for a while as
+    it fills up. Ranked at its report
     it took every request of the burst (the pile-up of docs/benchmarks/sim.md, "Where JITServe
     loses"); ranked at the slowest report, the less loaded replica takes the next one."""
     stale = replica("stale", step_time_s=0.014, running=6, batch_size=32)
