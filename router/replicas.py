@@ -101,10 +101,21 @@ class Replica:
 
 
 def _overflow_delay(queued: int, batch: int, step_time: float, defaults: Defaults) -> float:
-    """Expected wait of a request behind `queued` others when `batch` run at once."""
+    """Expected wait of a request behind `queued` others when `batch` run at once, knowing nothing of
+    their lengths: continuous batching frees a slot each time one of the `batch` running requests ends,
+    so with `assumed_output_tokens` each the queue moves one place every assumed / batch steps."""
     if queued <= 0:
         return 0.0
-    return math.ceil(queued / max(batch, 1)) * defaults.assumed_output_tokens * step_time
+    return queued * defaults.assumed_output_tokens * step_time / max(batch, 1)
+
+
+def _turn(s: ReplicaState, defaults: Defaults) -> float:
+    """Seconds between slots freeing on a replica that reported `s`: its own queue delay spread over the
+    requests it counted (so its own mix of lengths), else the assumed length's."""
+    ahead = s.running + s.waiting - s.batch_size + 1
+    if ahead > 0 and s.queue_delay_s > 0:
+        return s.queue_delay_s / ahead
+    return _overflow_delay(1, s.batch_size, s.step_time_s, defaults)
 
 
 def effective_state(r: Replica, now_wall: float, now_mono: float, defaults: Defaults) -> ReplicaState | None:
@@ -123,8 +134,7 @@ def effective_state(r: Replica, now_wall: float, now_mono: float, defaults: Defa
         return s.model_copy(
             update={
                 "waiting": s.waiting + extra,
-                "queue_delay_s": s.queue_delay_s
-                + _overflow_delay(spill, s.batch_size, s.step_time_s, defaults),
+                "queue_delay_s": s.queue_delay_s + spill * _turn(s, defaults),
                 "committed_bandwidth": s.committed_bandwidth + extra,
                 "residual_capacity": s.residual_capacity - extra,
             }

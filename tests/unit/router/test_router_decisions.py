@@ -40,6 +40,33 @@ def test_fresh_state_counts_requests_sent_since_the_report() -> None:
     assert r.health(100.5, 2.0) is Health.FRESH
 
 
+def test_requests_sent_past_a_full_report_wait_one_slot_turn_each() -> None:
+    """Continuous batching frees a slot whenever one running request ends, so each request the router
+    sent past a full replica's report waits one more turn: the report's own queue delay over the
+    requests it counts. It used to wait a whole batch of `assumed_output_tokens` (128 steps, 27 s at
+    this machine's 213 ms steps for the stacks benchmark's 10-40-token jobs), which rejected every SLO
+    request until the next report (docs/decisions/router.md, "Requests sent since the report")."""
+    full = idle_state("p", running=8, waiting=3, queue_delay_s=2.0)  # 4 counted ahead: a turn is 0.5 s
+    for sent in (1, 3):
+        r = replica(full, at=100.0)
+        r.sent_since_state = sent
+        s = effective_state(r, 0.0, 100.2, DEFAULTS)
+        assert s is not None and s.queue_delay_s == pytest.approx(2.0 + 0.5 * sent)
+    # a report with free slots: the sends fill them first, then each queues for the assumed turn
+    r = replica(idle_state("p", running=6), at=100.0)
+    r.sent_since_state = 4
+    s = effective_state(r, 0.0, 100.2, DEFAULTS)
+    turn = DEFAULTS.assumed_output_tokens * 0.05 / 8
+    assert s is not None and s.queue_delay_s == pytest.approx(2 * turn)
+
+
+def test_engines_that_report_nothing_queue_one_turn_per_request_ahead() -> None:
+    r = replica(None, at=-np.inf, inflight=DEFAULTS.batch_size + 2)  # two wait: a newcomer is third
+    s = effective_state(r, 0.0, 5.0, DEFAULTS)
+    turn = DEFAULTS.assumed_output_tokens * DEFAULTS.step_time_s / DEFAULTS.batch_size
+    assert s is not None and s.queue_delay_s == pytest.approx(3 * turn)
+
+
 def test_stale_state_falls_back_to_last_speeds_and_router_in_flight_counts() -> None:
     r = replica(loaded_state("p", step_time_s=0.07), at=100.0, inflight=2)
     s = effective_state(r, 0.0, 110.0, DEFAULTS)  # 10 s old: the pod's own load figures are not trusted
