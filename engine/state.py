@@ -173,7 +173,7 @@ def prometheus_text(state: EngineState | None, now: float) -> bytes:
                     "seconds since the state was written",
                     now - s.updated_at,
                 ),
-                ("jitserve_engine_step_time_seconds", "measured seconds per decode step", s.step_time_s),
+                ("jitserve_engine_step_time_seconds", "seconds per decoding step (v_token)", s.step_time_s),
                 (
                     "jitserve_engine_prefill_tokens_per_second",
                     "measured prompt tokens per second",
