@@ -110,12 +110,10 @@ def _overflow_delay(queued: int, batch: int, step_time: float, defaults: Default
 
 
 def _turn(s: ReplicaState, defaults: Defaults) -> float:
-    """Seconds between slots freeing on a replica that reported `s`: its own queue delay spread over the
-    requests it counted (so its own mix of lengths), else the assumed length's."""
-    ahead = s.running + s.waiting - s.batch_size + 1
-    if ahead > 0 and s.queue_delay_s > 0:
-        return s.queue_delay_s / ahead
-    return _overflow_delay(1, s.batch_size, s.step_time_s, defaults)
+    """Seconds between slots freeing on a replica that reported `s`: as its own queue delay implies,
+    else the assumed length's."""
+    turn = s.slot_turn_s()
+    return turn if turn is not None else _overflow_delay(1, s.batch_size, s.step_time_s, defaults)
 
 
 def effective_state(r: Replica, now_wall: float, now_mono: float, defaults: Defaults) -> ReplicaState | None:

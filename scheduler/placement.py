@@ -80,6 +80,18 @@ class ReplicaState(BaseModel):
     goodput: dict[str, ClassGoodput] = Field(default_factory=dict, description="per SLO class")
     updated_at: float = Field(description="unix time of this report")
 
+    def slot_turn_s(self) -> float | None:
+        """Seconds between batch slots freeing, as this report's queue delay implies (its own mix of
+        lengths): the delay spread over the requests it counts. None when the report counts no queue."""
+        ahead = requests_ahead(self.running, self.waiting, self.batch_size)
+        return self.queue_delay_s / ahead if ahead and self.queue_delay_s > 0 else None
+
+
+def requests_ahead(running: int, waiting: int, batch_size: int) -> int:
+    """Requests a newcomer waits behind for a slot: those beyond the batch, plus the one whose slot it
+    takes. 0 while a slot is free. `replica_load`'s queue delay is this many slot turns."""
+    return max(running + waiting - batch_size + 1, 0)
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaLoad:
@@ -111,8 +123,7 @@ def replica_load(
             if pri.size >= batch_size:
                 admission = cutoff * float(pri[batch_size - 1])
             # Queued work ahead of a newcomer, spread over B slots: its expected wait.
-            ahead = running + waiting - batch_size + 1
-            delay = max(ahead, 0) * float(an.t_gen.mean()) / batch_size
+            delay = requests_ahead(running, waiting, batch_size) * float(an.t_gen.mean()) / batch_size
     return ReplicaLoad(committed, max(admission, 0.0), delay)
 
 
@@ -158,7 +169,7 @@ def place(
         cached = np.array([cached_tokens[j] for j in sampled], dtype=np.int64)
         computed = np.minimum(cached, request.input_len)
     # A pool's replicas are the same hardware: their reported step times differ by load and by
-    # measurement lag (a step measured before a burst), not by speed. Ranked at
+    # measurement lag, not by speed. Ranked at
     # its own report, a replica measured before a burst looks fastest and takes all of it
     # (docs/benchmarks/sim.md, "Where JITServe loses"). Feasibility keeps each replica's own speed; the
     # ranking compares them at the slowest, so load and queue decide. Both in one `analyze`: the second
