@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from jitserve.scheduler.goodput import RequestRecord, request_goodput
+from jitserve.scheduler.goodput import Goodput, RequestRecord, request_goodput
 from jitserve.scheduler.placement import ClassGoodput
 
 
@@ -33,8 +33,8 @@ class GoodputWindow:
         self._buckets: deque[tuple[int, dict[str, list[float]]]] = deque()
         self.totals: dict[str, ClassTotals] = {}
 
-    def record(self, slo_class: str, record: RequestRecord, now: float) -> float:
-        """Account one ended request; returns its token goodput."""
+    def record(self, slo_class: str, record: RequestRecord, now: float) -> Goodput:
+        """Account one ended request; returns its goodput (token goodput and whether it met its SLO)."""
         g = request_goodput(record)
         totals = self.totals.setdefault(slo_class, ClassTotals())
         totals.finished += 1
@@ -48,7 +48,7 @@ class GoodputWindow:
         row[0] += g.tokens
         row[1] += int(g.met)
         row[2] += 1
-        return g.tokens
+        return g
 
     def _trim(self, now: float) -> None:
         oldest = int((now - self.window_s) // self.bucket_s)

@@ -47,7 +47,7 @@ from jitserve.scheduler.frames import FULL, FrameDriver, PlanKind
 from jitserve.scheduler.gmax import FramePlan, GMAXParams, expired
 from jitserve.scheduler.goodput import RequestRecord
 from jitserve.scheduler.policy import Policy, make_policy
-from jitserve.scheduler.requests import NewRequest, RequestTable
+from jitserve.scheduler.requests import SLO_TYPE_CODE, NewRequest, RequestTable
 
 if TYPE_CHECKING:
     from jitserve.engine.settings import SchedulerSettings
@@ -353,8 +353,11 @@ class FrameRunner:
             finish=now if outcome == "finished" else None,
             dropped=outcome == "dropped",
         )
-        tokens = self.window.record(m.info.slo_class, record, now)
+        outcome_goodput = self.window.record(m.info.slo_class, record, now)
+        tokens = outcome_goodput.tokens
         self.driver.record(tokens)
+        # every ending counts, as in the goodput window: a call cancelled before its SLO was met missed it
+        self.driver.outcome(SLO_TYPE_CODE[m.info.slo.type], outcome_goodput.met)
         if m.debug is not None:
             m.debug.outcome = outcome
             m.debug.finished_at = now

@@ -16,7 +16,13 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
-from jitserve.scheduler.contracts.gmax_params import GMAX_DEFAULTS, Cutoff, FrameSteps, StarvationDelta
+from jitserve.scheduler.contracts.gmax_params import (
+    GMAX_DEFAULTS,
+    ClassFairness,
+    Cutoff,
+    FrameSteps,
+    StarvationDelta,
+)
 from jitserve.scheduler.policy import POLICY_NAMES
 from jitserve.settings import ClassesFile, Host, ModelPath, Port, Settings
 
@@ -39,6 +45,7 @@ class SchedulerSettings(Settings):
     frame_steps: FrameSteps = GMAX_DEFAULTS.frame_steps
     cutoff: Cutoff = GMAX_DEFAULTS.cutoff
     starvation_delta: StarvationDelta = GMAX_DEFAULTS.starvation_delta
+    class_fairness: ClassFairness = GMAX_DEFAULTS.class_fairness
     preemption: Literal["auto", "recompute", "never"] = Field(
         "auto",
         description="GMAX's preemptions: auto = the engine's own mechanism (vLLM V1 recomputes), recompute, "
@@ -78,6 +85,7 @@ class SchedulerSettings(Settings):
             "frame_steps": self.frame_steps,
             "cutoff": self.cutoff,
             "starvation_delta": self.starvation_delta,
+            "class_fairness": self.class_fairness,
             "preemption": "recompute" if self.preemption == "auto" else self.preemption,
         }
 

@@ -39,6 +39,7 @@ def engine_args(spec: ServingPoolSpec, default_class: str) -> list[str]:
         "--frame-steps", str(sched.frameSteps),
         "--cutoff", repr(sched.cutoff),
         "--starvation-delta", repr(sched.starvationDelta),
+        "--class-fairness", repr(sched.classFairness),
         "--preemption", sched.preemption.value,
         "--classes-file", f"{CLASSES_MOUNT}/{CLASSES_KEY}",
         "--default-class", default_class,

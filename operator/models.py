@@ -15,7 +15,13 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from jitserve.operator import validation as v
-from jitserve.scheduler.contracts.gmax_params import GMAX_DEFAULTS, Cutoff, FrameSteps, StarvationDelta
+from jitserve.scheduler.contracts.gmax_params import (
+    GMAX_DEFAULTS,
+    ClassFairness,
+    Cutoff,
+    FrameSteps,
+    StarvationDelta,
+)
 
 
 def _check_quantity(value: str | int) -> str | int:
@@ -166,6 +172,7 @@ class SchedulerSpec(_Model):
     frameSteps: FrameSteps = GMAX_DEFAULTS.frame_steps
     cutoff: Cutoff = GMAX_DEFAULTS.cutoff
     starvationDelta: StarvationDelta = GMAX_DEFAULTS.starvation_delta
+    classFairness: ClassFairness = GMAX_DEFAULTS.class_fairness
     preemption: PreemptionMode = Field(
         PreemptionMode.AUTO,
         description="GMAX's preemptions: auto (the engine's mechanism: vLLM V1 recomputes), recompute, never",

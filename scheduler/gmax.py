@@ -53,7 +53,9 @@ class GMAXParams:
     cutoff: float = 0.95  # p in (0, 1]
     starvation_delta: float = 8.0  # goodput tokens added per frame spent waiting (delta)
     frame_steps: int = 50  # Delta: decode steps per scheduling frame
-    fairness: float = 0.0  # f in [0, 1]
+    fairness: float = 0.0  # f in [0, 1] of the tenant fairness term (Algorithm 1's priority)
+    # f of the SLO-type attainment term in the just-in-time reservation (scheduler/fairness.py)
+    class_fairness: float = 0.5
     preemption: str = "recompute"  # recompute | swap | auto (cheaper of the two) | never
     oracle: bool = False  # use true lengths instead of upper bounds (oracle JITServe)
     # jit: reserve what each request needs to stay on schedule, then fill by priority (plan_frame);
@@ -71,6 +73,8 @@ class GMAXParams:
             raise ValueError(f"frame_steps: must be >= 1, got {self.frame_steps}")
         if not 0 <= self.fairness <= 1:
             raise ValueError(f"fairness: must be in [0, 1], got {self.fairness}")
+        if not 0 <= self.class_fairness <= 1:
+            raise ValueError(f"class_fairness: must be in [0, 1], got {self.class_fairness}")
         if self.preemption not in ("recompute", "swap", "auto", "never"):
             raise ValueError(f"preemption: must be recompute, swap, auto or never, got {self.preemption!r}")
         if self.ranking not in RANKINGS:
@@ -347,8 +351,11 @@ def plan_frame(
     params: GMAXParams,
     tenant_fair: np.ndarray | None = None,
     drop_expired: bool = True,
+    type_fair: np.ndarray | None = None,
 ) -> FramePlan:
-    """GMAX for one frame: analyze, rank (`params.ranking`), decide preemptions against their cost."""
+    """GMAX for one frame: analyze, rank (`params.ranking`), decide preemptions against their cost.
+    `type_fair[t]` in [0, 1] is Fair(r) of SLO type t for the just-in-time reservation
+    (`TypeAttainment.fair`; None: the reservation by margin density alone)."""
     slots = table.active_slots()
     drop = expired(table, now, slots) if drop_expired else slots[:0]
     if drop.size:
@@ -358,7 +365,7 @@ def plan_frame(
         return FramePlan(empty, empty, empty, drop)
     an, work = _analyze(table, now, speed, params, slots, tenant_fair)
     if params.ranking == "jit":
-        return _plan_jit(table, now, speed, params, slots, an, work, drop)
+        return _plan_jit(table, now, speed, params, slots, an, work, drop, type_fair)
     return _plan_paper(table, slots, an, speed, params, drop)
 
 
@@ -514,11 +521,14 @@ def _plan_jit(
     an: Analysis,
     work: _Work,
     drop: np.ndarray,
+    type_fair: np.ndarray | None = None,
 ) -> FramePlan:
     """Just-in-time GMAX (docs/decisions/core.md, "Just-in-time bandwidth").
 
     1. Reserve: a request whose service cannot wait one frame without losing goodput (its margin over
-       the frame is > 0) gets a slot, most goodput saved per slot-second first.
+       the frame is > 0) gets a slot, most goodput saved per slot-second first; with `type_fair`, that
+       density (scaled to the largest) is mixed with its SLO type's Fair(r) as §4.2's fairness
+       extension mixes priority: (1 - f) x density + f x Fair(r), f = `params.class_fairness`.
     2. Fill: requests with slack by Algorithm 1 (priority, cutoff, length window) in the slots left.
     3. Best-effort work takes what no SLO needs; it joins step 2 only as its default deadline nears.
     Only a reserved request may preempt, and only a running one that can wait (not reserved), when the
@@ -562,6 +572,11 @@ def _plan_jit(
 
     urgent_pos = urgent.nonzero()[0]
     density = margin[urgent_pos] / np.minimum(an.t_gen[urgent_pos], horizon)
+    f = params.class_fairness
+    if type_fair is not None and f > 0 and urgent_pos.size > 1:
+        # Density and Fair(r) live on different scales: mix the density scaled to the largest.
+        fair = type_fair[table.slo_type[slots[urgent_pos]]]
+        density = (1 - f) * density / max(float(density.max()), _EPS) + f * fair
     urgent_pos = urgent_pos[np.argsort(-density, kind="stable")]
     slack_pos = slack.nonzero()[0]
     room = max(B - urgent_pos.size, 0)

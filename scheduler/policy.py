@@ -8,11 +8,12 @@ runs the same machinery.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 
+from jitserve.scheduler.fairness import TypeAttainment
 from jitserve.scheduler.gmax import (
     CutoffTuner,
     EngineSpeed,
@@ -50,6 +51,7 @@ class GMAXPolicy:
     tenant_fair: np.ndarray | None = None
     name: str = "jitserve"
     ranking: str | None = None
+    attainment: TypeAttainment = field(default_factory=TypeAttainment)
 
     def __post_init__(self) -> None:
         if self.ranking is not None:
@@ -71,7 +73,12 @@ class GMAXPolicy:
         return self.params.ranking == "jit"
 
     def plan(self, table: RequestTable, now: float, speed: EngineSpeed) -> FramePlan:
-        return plan_frame(table, now, speed, self.params, self.tenant_fair)
+        type_fair = self.attainment.fair(now) if self.params.class_fairness > 0 else None
+        return plan_frame(table, now, speed, self.params, self.tenant_fair, type_fair=type_fair)
+
+    def outcome(self, slo_type: int, met: bool, now: float) -> None:
+        """A request of `slo_type` ended (`met`: on time): the attainment the fairness term reads."""
+        self.attainment.record(slo_type, met, now)
 
     def end_frame(self, table: RequestTable, plan: FramePlan, goodput_per_s: float | None = None) -> None:
         end_frame(table, plan)

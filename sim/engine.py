@@ -47,6 +47,7 @@ import numpy as np
 
 from jitserve.scheduler.frames import LIGHT, FrameDriver
 from jitserve.scheduler.gmax import EngineSpeed, FramePlan
+from jitserve.scheduler.goodput import latency_on_time_tokens
 from jitserve.scheduler.policy import Policy
 from jitserve.scheduler.requests import LATENCY, NewRequest, RequestTable
 from jitserve.sim.profiles import BatchTimeModel, Profile
@@ -601,11 +602,24 @@ class Engine:
             dropped=dropped,
             first_token=None if math.isnan(first) else first,
         )
+        t = self.table
+        met = False
         if not dropped:
             # goodput the engine saw this frame (the cutoff tuner's reward): tokens on time
-            slo_ok = self.clock <= self.table.deadline_abs[slot] + 1e-9
-            if self.table.slo_type[slot] == LATENCY or slo_ok:
-                self.driver.record(float(self.table.w_in[slot] * self.table.input_len[slot] + gen))
+            slo_ok = self.clock <= t.deadline_abs[slot] + 1e-9
+            if t.slo_type[slot] == LATENCY or slo_ok:
+                self.driver.record(float(t.w_in[slot] * t.input_len[slot] + gen))
+            if t.slo_type[slot] == LATENCY:
+                tbt = min(float(t.tbt[slot]), 1e18)  # inf: no TBT, only the first token is due
+                on_time = (
+                    latency_on_time_tokens(times, t.arrival[slot], t.ttft[slot], tbt)
+                    if times is not None
+                    else 0
+                )
+                met = gen > 0 and on_time == gen
+            else:
+                met = bool(slo_ok)
+        self.driver.outcome(int(t.slo_type[slot]), met)
         if self.table.running[slot]:
             self._running = self._running[self._running != slot]
             self._kv_cache = -1

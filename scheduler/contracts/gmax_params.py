@@ -25,3 +25,12 @@ StarvationDelta = Annotated[
         ge=0, le=1000, description="goodput tokens added to a waiting request's priority per frame it waits"
     ),
 ]
+ClassFairness = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=1,
+        description="f of the attainment fairness term in GMAX's reservation: (1-f) x margin density + "
+        "f x (1 - the SLO type's recent attainment); 0 ranks by margin density alone",
+    ),
+]

@@ -274,7 +274,9 @@ def test_cutoff_tuner_converges_to_the_best_arm():
     assert max(set(picks[-100:]), key=picks[-100:].count) == 0.9
 
 
-@pytest.mark.parametrize("bad", [{"batch_size": 0}, {"cutoff": 0}, {"cutoff": 1.5}, {"fairness": 2}])
+@pytest.mark.parametrize(
+    "bad", [{"batch_size": 0}, {"cutoff": 0}, {"cutoff": 1.5}, {"fairness": 2}, {"class_fairness": -0.1}]
+)
 def test_params_reject_nonsense(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         GMAXParams(**bad)

@@ -22,7 +22,12 @@ from jitserve.scheduler.gmax import GMAXParams
 ROOT = Path(__file__).resolve().parents[3]
 G = GMAXParams()
 # camelCase (CRD, chart) -> GMAXParams field
-CAMEL = {"frameSteps": "frame_steps", "cutoff": "cutoff", "starvationDelta": "starvation_delta"}
+CAMEL = {
+    "frameSteps": "frame_steps",
+    "cutoff": "cutoff",
+    "starvationDelta": "starvation_delta",
+    "classFairness": "class_fairness",
+}
 
 
 def test_runner_and_operator_model_defaults_are_gmax_params() -> None:
@@ -94,13 +99,17 @@ def test_engine_flags_and_pool_spec_share_bounds() -> None:
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"), [("--frame-steps", "10001"), ("--cutoff", "1.5"), ("--starvation-delta", "-1")]
+    ("flag", "value"),
+    [("--frame-steps", "10001"), ("--cutoff", "1.5"), ("--starvation-delta", "-1"), ("--class-fairness", "1.5")],
 )
 def test_engine_rejects_what_the_crd_rejects(flag: str, value: str) -> None:
     props = _scheduler_schema(yaml.safe_load((ROOT / "crds/jitserve.dev_servingpools.yaml").read_text()))
-    camel = {"--frame-steps": "frameSteps", "--cutoff": "cutoff", "--starvation-delta": "starvationDelta"}[
-        flag
-    ]
+    camel = {
+        "--frame-steps": "frameSteps",
+        "--cutoff": "cutoff",
+        "--starvation-delta": "starvationDelta",
+        "--class-fairness": "classFairness",
+    }[flag]
     bound = props[camel]
     number = float(value)
     assert number > bound.get("maximum", float("inf")) or number < bound.get("minimum", float("-inf"))

@@ -187,3 +187,40 @@ def test_the_paper_ranking_stays_selectable():
     assert make_policy("jitserve", 4).params.ranking == "jit"
     with pytest.raises(ValueError, match="ranking"):
         GMAXParams(ranking="fastest")
+
+
+def _chat_and_denser_deadline(table: RequestTable) -> None:
+    """Two urgent requests for one slot: a short chat whose first token is at stake, and a deadline
+    request about to miss whose prompt makes it worth more per slot-second."""
+    table.add(_chat("chat"))  # 200 tokens at stake over 2.5 s of slot time
+    table.add(deadline_request("dense", deadline=2.0, input_len=1000, ub=20))  # 1,020 over 1.5 s
+
+
+def test_the_reservation_serves_the_type_it_has_been_failing_first():
+    """§4.2's fairness extension on the reservation: (1 - f) x density / max + f x Fair(r), Fair(r) =
+    1 - the SLO type's recent attainment. Without it the denser deadline request takes the slot."""
+    table = RequestTable()
+    _chat_and_denser_deadline(table)
+    one_slot = GMAXParams(batch_size=1, class_fairness=0.5)
+    failing_chats = np.array([0.9, 0.0, 0.0, 0.0])  # latency met 10% lately, deadline work all of it
+    assert table.ids(plan_frame(table, 0.0, SPEED, one_slot).batch) == ["dense"]
+    assert table.ids(plan_frame(table, 0.0, SPEED, one_slot, type_fair=failing_chats).batch) == ["chat"]
+    # (chat 0.5 x 80 / 680 + 0.5 x 0.9 = 0.51 against 0.5 x 1 + 0.) f = 0 turns the term off; a type
+    # served as well as the other gains nothing
+    off = GMAXParams(batch_size=1, class_fairness=0.0)
+    assert table.ids(plan_frame(table, 0.0, SPEED, off, type_fair=failing_chats).batch) == ["dense"]
+    even = np.array([0.3, 0.3, 0.0, 0.0])
+    assert table.ids(plan_frame(table, 0.0, SPEED, one_slot, type_fair=even).batch) == ["dense"]
+
+
+def test_the_policy_reads_the_attainment_its_outcomes_built():
+    """GMAXPolicy keeps the outcomes the frame driver reports (engine and simulator alike) and plans
+    with them: missed chats lift the next chat over the denser deadline request."""
+    table = RequestTable()
+    _chat_and_denser_deadline(table)
+    policy = make_policy("jitserve", 1, class_fairness=0.5)
+    assert table.ids(policy.plan(table, 0.0, SPEED).batch) == ["dense"]
+    for _ in range(9):
+        policy.outcome(0, met=False, now=0.0)  # latency: none met
+        policy.outcome(1, met=True, now=0.0)  # deadline: all met
+    assert table.ids(policy.plan(table, 0.0, SPEED).batch) == ["chat"]

@@ -27,6 +27,7 @@ from jitserve.scheduler.contracts.xargs import XARGS_KEYS, parse_xargs
 from jitserve.scheduler.frames import FULL, LIGHT
 from jitserve.scheduler.goodput import RequestRecord
 from jitserve.scheduler.policy import GMAXPolicy
+from jitserve.scheduler.requests import DEADLINE, LATENCY
 from jitserve.scheduler.slo import PAPER_CLASSES, SLO, SLOType
 
 # ------------------------------------------------------------------------------------------- xargs
@@ -167,7 +168,7 @@ def test_goodput_window_buckets_match_a_rescan_of_every_event() -> None:
         late = rng.random() < 0.3
         finish = now + (6 if late else 1)
         rec = RequestRecord(slo=slo, arrival=now, input_len=0, token_times=[finish] * n, finish=finish)
-        tokens = w.record(cls, rec, now)
+        tokens = w.record(cls, rec, now).tokens
         events.append((now, cls, tokens, not late))
         if rng.random() < 0.01:
             got = w.summary(now)
@@ -207,6 +208,27 @@ def test_runner_plans_full_frames_and_light_replans_without_preemption() -> None
     assert r.frames == 2  # a light plan begins no frame
 
 
+def test_runner_tells_the_policy_each_outcome_by_slo_type() -> None:
+    """What GMAX's attainment fairness reads (scheduler/fairness.py): an on-time chat is met; a dropped
+    deadline request and a chat whose first token came after its TTFT are missed."""
+    now = [0.0]
+    r = FrameRunner(settings(policy="jitserve", analyzer=False), batch_size=2, clock=lambda: now[0])
+    r.admit("on-time", {"slo_class": "latency", "target_ttft": 1.0}, arrival=0.0, input_len=5, max_tokens=2)
+    r.admit("late", {"slo_class": "latency", "target_ttft": 1.0}, arrival=0.0, input_len=5, max_tokens=2)
+    r.admit("dropped", {"slo_class": "deadline", "deadline": 10}, arrival=0.0, input_len=5, max_tokens=8)
+    r.tokens("on-time", 1, 0.5)
+    r.tokens("on-time", 1, 0.6)
+    r.tokens("late", 1, 1.5)
+    r.tokens("late", 1, 1.6)
+    now[0] = 2.0
+    r.end("on-time", 0.6, "finished")
+    r.end("late", 1.6, "finished")
+    r.end("dropped", 2.0, "dropped")
+    met, ended = r.policy.attainment.counts(now[0])  # type: ignore[attr-defined]
+    assert (met[LATENCY], ended[LATENCY]) == (1, 2)
+    assert (met[DEADLINE], ended[DEADLINE]) == (0, 1)
+
+
 # ------------------------------------------------------------------------------------ CLI and HTTP
 
 
@@ -239,14 +261,16 @@ def test_engine_command_line() -> None:
 
 
 def test_scheduler_flags_reach_the_policy() -> None:
-    """--cutoff / --starvation-delta / --preemption travel CLI -> env -> engine process -> GMAX."""
+    """--cutoff / --starvation-delta / --class-fairness / --preemption travel CLI -> env -> engine
+    process -> GMAX."""
     args = cli_args(
         "--model", "/m", "--device", "gpu",
-        "--cutoff", "0.8", "--starvation-delta", "3", "--preemption", "never",
+        "--cutoff", "0.8", "--starvation-delta", "3", "--class-fairness", "0.2", "--preemption", "never",
     )  # fmt: skip
     _, env = build_command(args, [])
     policy = FrameRunner(SchedulerSettings.from_env(env), batch_size=4, model="m").policy
     assert isinstance(policy, GMAXPolicy)
+    assert policy.params.class_fairness == 0.2
     assert (policy.params.cutoff, policy.params.starvation_delta, policy.params.preemption) == (
         0.8,
         3.0,
@@ -260,7 +284,8 @@ def test_scheduler_flags_reach_the_policy() -> None:
     assert (policy.params.cutoff, policy.params.starvation_delta, policy.params.preemption) == (
         0.95, 8.0, "recompute",
     )  # fmt: skip
-    for flag, value in (("--cutoff", "0"), ("--cutoff", "1.5"), ("--starvation-delta", "-1")):
+    bad = (("--cutoff", "0"), ("--cutoff", "1.5"), ("--starvation-delta", "-1"), ("--class-fairness", "2"))
+    for flag, value in bad:
         with pytest.raises(ValueError, match=flag):
             build_command(cli_args("--model", "/m", flag, value), [])
     with pytest.raises(SystemExit):  # argparse: swap is not a choice (vLLM V1 cannot swap)

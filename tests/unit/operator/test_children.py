@@ -28,6 +28,7 @@ GPU_POOL: dict[str, Any] = {
         "frameSteps": 25,
         "cutoff": 0.9,
         "starvationDelta": 0.5,
+        "classFairness": 0.25,
         "preemption": "recompute",
         "k": 2,
         "maxNumSeqs": 64,
@@ -147,6 +148,7 @@ def test_gpu_engine_command_resources_and_placement() -> None:
         "--frame-steps", "25",
         "--cutoff", "0.9",
         "--starvation-delta", "0.5",
+        "--class-fairness", "0.25",
         "--preemption", "recompute",
         "--classes-file", "/etc/jitserve/classes/classes.json",
         "--default-class", "latency",
@@ -298,4 +300,5 @@ def test_engine_args_are_accepted_by_the_engine_cli() -> None:
     assert (config.frame_steps, config.cutoff, config.starvation_delta, config.preemption) == (
         25, 0.9, 0.5, "recompute",
     )  # fmt: skip
+    assert config.class_fairness == 0.25
     assert parsed.max_num_seqs == 64 and config.default_class == "latency"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jitserve.scheduler.policy import FCFSPolicy
-from jitserve.scheduler.requests import NewRequest
+from jitserve.scheduler.policy import FCFSPolicy, make_policy
+from jitserve.scheduler.requests import LATENCY, NewRequest
 from jitserve.scheduler.slo import SLO
 from jitserve.sim.engine import CallInfo, Engine, EngineConfig, Finished
 from jitserve.sim.profiles import BatchTimeModel, load_profile
@@ -135,3 +135,18 @@ def test_router_and_client_timeouts_cancel_calls_by_hand(flat_timing: BatchTimeM
     _add(e2, "a", 10, 50)
     _add(e2, "b", 10, 5)
     assert not any(r.dropped for r in _run(e2).values())
+
+
+def test_the_policy_is_told_each_outcome_as_the_engine_sees_it(flat_timing: BatchTimeModel) -> None:
+    """The simulated engine reports outcomes through the frame driver as the real one does: a chat
+    whose first token beats its TTFT is met; one whose TTFT is shorter than its own prefill is not."""
+    policy = make_policy("jitserve", 4)
+    config = EngineConfig(batch_size=4, token_budget=64, chunked_prefill=True, kv_capacity=10_000)
+    e = Engine("e", policy, config, flat_timing, load_profile("llama-3.1-8b-a100"))
+    for rid, ttft in (("on-time", 2.0), ("late", 0.01)):
+        req = NewRequest(rid, SLO.latency(ttft=ttft, tbt=0.1), 0.0, 100, max_tokens=1000, true_len=3)
+        e.add(req, CallInfo(rid, 3, payload=rid), 0.0)
+    done = _run(e)
+    assert set(done) == {"on-time", "late"}
+    met, ended = policy.attainment.counts(e.clock)  # type: ignore[attr-defined]
+    assert (met[LATENCY], ended[LATENCY]) == (1, 2)
