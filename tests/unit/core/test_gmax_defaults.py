@@ -100,7 +100,12 @@ def test_engine_flags_and_pool_spec_share_bounds() -> None:
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--frame-steps", "10001"), ("--cutoff", "1.5"), ("--starvation-delta", "-1"), ("--class-fairness", "1.5")],
+    [
+        ("--frame-steps", "10001"),
+        ("--cutoff", "1.5"),
+        ("--starvation-delta", "-1"),
+        ("--class-fairness", "1.5"),
+    ],
 )
 def test_engine_rejects_what_the_crd_rejects(flag: str, value: str) -> None:
     props = _scheduler_schema(yaml.safe_load((ROOT / "crds/jitserve.dev_servingpools.yaml").read_text()))
