@@ -57,6 +57,11 @@ def latency_on_time_tokens(token_times: np.ndarray, arrival: float, ttft: float,
     return int(np.count_nonzero(times <= due + 1e-9))
 
 
+def latency_met(on_time: int, output_len: int, finished: bool) -> bool:
+    """A stream met its SLO: it finished, produced tokens, and every one of them was on its timeline."""
+    return finished and output_len > 0 and on_time == output_len
+
+
 def request_goodput(record: RequestRecord) -> Goodput:
     """Goodput of a single (non-compound) request; compound programs use `program_goodput`."""
     slo = record.slo
@@ -65,7 +70,7 @@ def request_goodput(record: RequestRecord) -> Goodput:
     if slo.type is SLOType.LATENCY:
         tbt = slo.effective_tbt if slo.tbt is not None else 1e18
         on_time = latency_on_time_tokens(np.asarray(record.token_times), record.arrival, slo.ttft, tbt)
-        met = record.finish is not None and on_time == record.output_len and record.output_len > 0
+        met = latency_met(on_time, record.output_len, record.finish is not None)
         return Goodput(slo.weights.output * on_time, met)
     assert slo.deadline is not None
     finished_on_time = record.finish is not None and record.finish <= record.arrival + slo.deadline + 1e-9

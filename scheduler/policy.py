@@ -73,7 +73,9 @@ class GMAXPolicy:
         return self.params.ranking == "jit"
 
     def plan(self, table: RequestTable, now: float, speed: EngineSpeed) -> FramePlan:
-        type_fair = self.attainment.fair(now) if self.params.class_fairness > 0 else None
+        # only the just-in-time reservation reads Fair(r)
+        uses = self.params.ranking == "jit" and self.params.class_fairness > 0
+        type_fair = self.attainment.fair(now) if uses else None
         return plan_frame(table, now, speed, self.params, self.tenant_fair, type_fair=type_fair)
 
     def outcome(self, slo_type: int, met: bool, now: float) -> None:

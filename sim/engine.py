@@ -47,7 +47,7 @@ import numpy as np
 
 from jitserve.scheduler.frames import LIGHT, FrameDriver
 from jitserve.scheduler.gmax import EngineSpeed, FramePlan
-from jitserve.scheduler.goodput import latency_on_time_tokens
+from jitserve.scheduler.goodput import latency_met, latency_on_time_tokens
 from jitserve.scheduler.policy import Policy
 from jitserve.scheduler.requests import LATENCY, NewRequest, RequestTable
 from jitserve.sim.profiles import BatchTimeModel, Profile
@@ -616,7 +616,7 @@ class Engine:
                     if times is not None
                     else 0
                 )
-                met = gen > 0 and on_time == gen
+                met = latency_met(on_time, gen, finished=True)
             else:
                 met = bool(slo_ok)
         self.driver.outcome(int(t.slo_type[slot]), met)
