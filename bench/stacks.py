@@ -255,6 +255,7 @@ class CallOut:
     input_len: int = 0
     finished: bool = False
     reason: str = ""  # "", rejected, dropped, timeout, cutoff, error ...
+    detail: str = ""  # the server's error message (a rejection's or a drop's reason), when it gave one
 
 
 @dataclass
@@ -292,12 +293,13 @@ async def _stream(
             out.reason = "dropped"  # the server ended the stream without finishing it
         else:
             out.finished = True
-    except openai.RateLimitError:
-        out.reason = "rejected"
+    except openai.RateLimitError as e:
+        out.reason, out.detail = "rejected", e.message
     except openai.APIStatusError as e:
         out.reason = "dropped" if e.status_code == 503 else f"http {e.status_code}"
-    except openai.APIError:  # an error event inside the stream (our router's waiting_time drop)
-        out.reason = "dropped"
+        out.detail = e.message
+    except openai.APIError as e:  # an error event inside the stream (our router's waiting_time drop)
+        out.reason, out.detail = "dropped", e.message
     if out.finished and out.tokens is not None and out.token_times:
         # vLLM streams a chunk per token; a token whose text was empty (or chunks merged on the way) is
         # taken to have arrived with the chunk that completed the count.
