@@ -357,7 +357,9 @@ class FrameRunner:
         tokens = outcome_goodput.tokens
         self.driver.record(tokens)
         # every ending counts, as in the goodput window: a call cancelled before its SLO was met missed it
-        self.driver.outcome(SLO_TYPE_CODE[m.info.slo.type], outcome_goodput.met)
+        self.driver.outcome(
+            SLO_TYPE_CODE[m.info.slo.type], outcome_goodput.met, self.tenants.get(m.info.tenant, 0)
+        )
         if m.debug is not None:
             m.debug.outcome = outcome
             m.debug.finished_at = now

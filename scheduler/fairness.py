@@ -1,10 +1,11 @@
-"""Recent SLO attainment per SLO type, and the fairness term GMAX's reservation mixes in (§4.2).
+"""Recent SLO attainment per SLO type and per tenant: the fairness terms GMAX mixes in (§4.2).
 
 JITServe §4.2, "Extending to Other Objectives": priority'(r) = (1 - f) x priority(r) + f x Fair(r), "as
 f -> 1, requests with lower fairness attainment gain higher priority". Here Fair(r) is 1 minus the
 recent attainment (requests that met their SLO / requests that ended, drops included) of r's SLO type,
 so a type the engine has been failing is served ahead of one it has been serving well
-(docs/decisions/core.md, "Every class: attainment fairness").
+(docs/decisions/core.md, "Every class: attainment fairness"). Per tenant, the same measure is
+Algorithm 1's Fair(r), with f the request's class's `fairnessWeight` ("Tenant fairness").
 
 Pure bookkeeping over outcomes the adapters report through the frame driver: the engine (real
 outcomes) and the simulator (modelled ones) feed the same tracker, and the time is theirs.
@@ -20,27 +21,50 @@ from jitserve.scheduler.window import SlidingSums
 TYPES = len(SLO_TYPE_CODE)
 
 
-class TypeAttainment:
-    """Met / ended per SLO type over the last `window_s` seconds, in `buckets` time buckets."""
+class Attainment:
+    """Met / ended per key (a small int: an SLO type code, a tenant id) over the last `window_s`
+    seconds, in `buckets` time buckets. `keys` bounds the keys when they are known in advance."""
 
-    def __init__(self, window_s: float = 60.0, buckets: int = 12) -> None:
-        self._sums: SlidingSums[int] = SlidingSums(2, window_s, buckets)  # (met, ended) per type code
+    def __init__(self, keys: int | None = None, window_s: float = 60.0, buckets: int = 12, name: str = "key"):
+        self.keys = keys
+        self.name = name  # what a key is, for errors
+        self._sums: SlidingSums[int] = SlidingSums(2, window_s, buckets)  # (met, ended) per key
+        self._seen = 0  # 1 + the largest key recorded
 
-    def record(self, slo_type: int, met: bool, now: float) -> None:
-        """One request of `slo_type` (its table code) ended at `now`; `met`: it met its SLO."""
-        if not 0 <= slo_type < TYPES:
-            raise ValueError(f"slo_type: must be a type code in [0, {TYPES}), got {slo_type}")
-        self._sums.add(slo_type, (float(met), 1.0), now)
+    def record(self, key: int, met: bool, now: float) -> None:
+        """One request of `key` ended at `now`; `met`: it met its SLO."""
+        bound = f"[0, {self.keys})" if self.keys is not None else ">= 0"
+        if key < 0 or (self.keys is not None and key >= self.keys):
+            raise ValueError(f"{self.name}: must be in {bound}, got {key}")
+        self._sums.add(key, (float(met), 1.0), now)
+        self._seen = max(self._seen, key + 1)
 
     def counts(self, now: float) -> tuple[np.ndarray, np.ndarray]:
-        """(met, ended) per type over the window ending at `now`."""
-        met, ended = np.zeros(TYPES), np.zeros(TYPES)
-        for code, (m, e) in self._sums.sums(now).items():
-            met[code], ended[code] = m, e
+        """(met, ended) per key over the window ending at `now`: `keys` entries, or one per key up to
+        the largest ever recorded."""
+        size = self.keys if self.keys is not None else self._seen
+        met, ended = np.zeros(size), np.zeros(size)
+        for key, (m, e) in self._sums.sums(now).items():
+            met[key], ended[key] = m, e
         return met, ended
 
     def fair(self, now: float) -> np.ndarray:
-        """Fair(r) per type: 1 - recent attainment; 0 for a type with no outcome in the window (no
+        """Fair(r) per key: 1 - recent attainment; 0 for a key with no outcome in the window (no
         evidence that it is being failed)."""
         met, ended = self.counts(now)
         return np.where(ended > 0, 1.0 - met / np.maximum(ended, 1.0), 0.0)
+
+
+class TypeAttainment(Attainment):
+    """Attainment per SLO type (the table's type codes): the reservation's Fair(r)."""
+
+    def __init__(self, window_s: float = 60.0, buckets: int = 12) -> None:
+        super().__init__(TYPES, window_s, buckets, name="slo_type")
+
+
+class TenantAttainment(Attainment):
+    """Attainment per tenant (the table's tenant ids): Algorithm 1's Fair(r), weighted by each
+    request's class (`SLOClass.fairnessWeight`)."""
+
+    def __init__(self, window_s: float = 60.0, buckets: int = 12) -> None:
+        super().__init__(None, window_s, buckets, name="tenant")

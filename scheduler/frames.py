@@ -6,7 +6,7 @@ macro steps and step times) and tells the driver what happened:
 
     driver.mark_dirty()            # an event a plan may answer (an arrival, a departure, ...)
     driver.record(goodput)         # goodput observed this frame (the cutoff tuner's reward)
-    driver.outcome(slo_type, met)  # a request ended, on time or not (GMAX's attainment fairness)
+    driver.outcome(slo_type, met, tenant)  # a request ended, on time or not (GMAX's fairness terms)
     driver.advance(k)              # k engine steps ran
     kind = driver.due()            # FULL, LIGHT or None: is a plan due now, and which
     plan = driver.plan(kind, speed)
@@ -111,12 +111,13 @@ class FrameDriver:
         """Goodput observed now: it counts towards the current frame's reward."""
         self._frame_goodput += goodput
 
-    def outcome(self, slo_type: int, met: bool) -> None:
-        """A request of `slo_type` (its table code) ended, `met` if on time; dropped ones count as
-        missed. Policies that weigh recent attainment (GMAX's fairness term) are told; others ignore it."""
+    def outcome(self, slo_type: int, met: bool, tenant: int = 0) -> None:
+        """A request of `slo_type` (its table code) and `tenant` (its table id) ended, `met` if on time;
+        dropped ones count as missed. Policies that weigh recent attainment (GMAX's fairness terms) are
+        told; others ignore it."""
         tell = getattr(self.policy, "outcome", None)
         if tell is not None:
-            tell(slo_type, met, self.clock())
+            tell(slo_type, met, self.clock(), tenant)
 
     def advance(self, steps: int = 1) -> None:
         """`steps` engine steps ran (the simulator runs several identical steps at once)."""

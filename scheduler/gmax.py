@@ -53,7 +53,6 @@ class GMAXParams:
     cutoff: float = 0.95  # p in (0, 1]
     starvation_delta: float = 8.0  # goodput tokens added per frame spent waiting (delta)
     frame_steps: int = 50  # Delta: decode steps per scheduling frame
-    fairness: float = 0.0  # f in [0, 1] of the tenant fairness term (Algorithm 1's priority)
     # f of the SLO-type attainment term in the just-in-time reservation (scheduler/fairness.py)
     class_fairness: float = 0.5
     preemption: str = "recompute"  # recompute | swap | auto (cheaper of the two) | never
@@ -71,8 +70,6 @@ class GMAXParams:
             raise ValueError(f"starvation_delta: must be >= 0, got {self.starvation_delta}")
         if self.frame_steps < 1:
             raise ValueError(f"frame_steps: must be >= 1, got {self.frame_steps}")
-        if not 0 <= self.fairness <= 1:
-            raise ValueError(f"fairness: must be in [0, 1], got {self.fairness}")
         if not 0 <= self.class_fairness <= 1:
             raise ValueError(f"class_fairness: must be in [0, 1], got {self.class_fairness}")
         if self.preemption not in ("recompute", "swap", "auto", "never"):
@@ -255,7 +252,8 @@ def analyze(
     """Lines 2-8 of Algorithm 1 for every slot at once.
 
     `queue_delay` shifts the start of service (the router uses it for a replica's expected wait);
-    `tenant_fair[t]` in [0, 1] is Fair(r) for tenant t (higher = more deserving). `computed` (one value
+    `tenant_fair[t]` in [0, 1] is Fair(r) for tenant t (higher = more deserving; tenants beyond it: 0),
+    mixed into each request's priority with its class's f (the table's `fairness`). `computed` (one value
     per slot) replaces the table's prefill progress: placement analyzes one request row once per
     replica (`slots` repeats that row), each with that replica's cached prefix.
     """
@@ -282,11 +280,14 @@ def _analyze(
 
     waited = table.frames_waited[slots].astype(np.float64)
     priority = (goodput + params.starvation_delta * waited) / t_gen
-    if params.fairness > 0 and tenant_fair is not None and priority.size:
+    f = table.fairness[slots]
+    if tenant_fair is not None and priority.size and (f > 0).any():
         # Priority and Fair(r) live on different scales: mix the normalized priority.
         scale = float(priority.max()) or 1.0
-        fair = tenant_fair[table.tenant[slots]]
-        priority = (1 - params.fairness) * (priority / scale) + params.fairness * fair
+        tenant = table.tenant[slots]
+        known = tenant < tenant_fair.size
+        fair = np.where(known, tenant_fair[np.where(known, tenant, 0)], 0.0) if tenant_fair.size else 0.0
+        priority = (1 - f) * (priority / scale) + f * fair
     return Analysis(slots, t_gen, t_rem, bw, goodput, priority, feasible), work
 
 

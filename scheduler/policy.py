@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from jitserve.scheduler.fairness import TypeAttainment
+from jitserve.scheduler.fairness import TenantAttainment, TypeAttainment
 from jitserve.scheduler.gmax import (
     CutoffTuner,
     EngineSpeed,
@@ -48,10 +48,10 @@ class GMAXPolicy:
     params: GMAXParams = GMAXParams()
     tune_cutoff: bool = True
     tuner_epoch_frames: int = 20
-    tenant_fair: np.ndarray | None = None
     name: str = "jitserve"
     ranking: str | None = None
     attainment: TypeAttainment = field(default_factory=TypeAttainment)
+    tenants: TenantAttainment = field(default_factory=TenantAttainment)
 
     def __post_init__(self) -> None:
         if self.ranking is not None:
@@ -76,11 +76,15 @@ class GMAXPolicy:
         # only the just-in-time reservation reads Fair(r)
         uses = self.params.ranking == "jit" and self.params.class_fairness > 0
         type_fair = self.attainment.fair(now) if uses else None
-        return plan_frame(table, now, speed, self.params, self.tenant_fair, type_fair=type_fair)
+        # Fair(r) per tenant, read only by requests whose class gives it a weight
+        tenant_fair = self.tenants.fair(now) if table.fairness.any() else None
+        return plan_frame(table, now, speed, self.params, tenant_fair, type_fair=type_fair)
 
-    def outcome(self, slo_type: int, met: bool, now: float) -> None:
-        """A request of `slo_type` ended (`met`: on time): the attainment the fairness term reads."""
+    def outcome(self, slo_type: int, met: bool, now: float, tenant: int = 0) -> None:
+        """A request of `slo_type` and `tenant` ended (`met`: on time): the attainment the fairness
+        terms read."""
         self.attainment.record(slo_type, met, now)
+        self.tenants.record(tenant, met, now)
 
     def end_frame(self, table: RequestTable, plan: FramePlan, goodput_per_s: float | None = None) -> None:
         end_frame(table, plan)

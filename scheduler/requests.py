@@ -45,6 +45,7 @@ _COLUMNS: tuple[tuple[str, Any, Any], ...] = (
     ("started", np.bool_, False),  # scheduled at least once (waiting_time no longer applies)
     ("frames_waited", np.int32, 0),  # frames spent eligible but unselected (starvation term)
     ("tenant", np.int32, 0),
+    ("fairness", np.float64, 0.0),  # f of the tenant fairness term (the class's fairnessWeight)
 )
 
 
@@ -104,6 +105,7 @@ class RequestTable:
     started: np.ndarray
     frames_waited: np.ndarray
     tenant: np.ndarray
+    fairness: np.ndarray
 
     def __len__(self) -> int:
         return len(self.slot_of)
@@ -161,6 +163,7 @@ class RequestTable:
         self.started[slot] = False
         self.frames_waited[slot] = 0
         self.tenant[slot] = req.tenant
+        self.fairness[slot] = slo.fairness
         return slot
 
     def remove(self, request_id: str) -> None:

@@ -67,6 +67,9 @@ class SLO(BaseModel):
         DEFAULT_WAITING_TIME_S, description="drop the request if not scheduled within this"
     )
     weights: GoodputWeights = GoodputWeights()
+    fairness: float = Field(
+        0.0, ge=0, le=1, description="f of the tenant fairness term: its class's fairnessWeight"
+    )
 
     @model_validator(mode="after")
     def _check_fields_for_type(self) -> SLO:
@@ -134,7 +137,13 @@ class SLOClassSpec(BaseModel):
     overload: OverloadAction = Field(
         OverloadAction.REJECT, description="when no pod can meet the SLO: reject (429) or downgrade"
     )
-    fairnessWeight: float = Field(0.0, ge=0, le=1, description="f in (1-f)*priority + f*Fair(r)")
+    fairnessWeight: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="f in (1-f)*priority + f*Fair(r), Fair(r) = 1 - the tenant's SLO attainment over the "
+        "last minute: how far this class's requests favour tenants the pool has been failing",
+    )
     default: bool = Field(False, description="requests without an SLO get this class")
 
     @model_validator(mode="after")
@@ -159,6 +168,7 @@ class SLOClassSpec(BaseModel):
             "deadline": deadline,
             "waiting_time": self.waitingTimeSeconds,
             "weights": self.goodputWeights,
+            "fairness": self.fairnessWeight,
         }
         fields.update({k: v for k, v in (overrides or {}).items() if v is not None})
         return SLO(**fields)

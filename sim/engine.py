@@ -619,7 +619,7 @@ class Engine:
                 met = latency_met(on_time, gen, finished=True)
             else:
                 met = bool(slo_ok)
-        self.driver.outcome(int(t.slo_type[slot]), met)
+        self.driver.outcome(int(t.slo_type[slot]), met, int(t.tenant[slot]))
         if self.table.running[slot]:
             self._running = self._running[self._running != slot]
             self._kv_cache = -1

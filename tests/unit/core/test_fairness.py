@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jitserve.scheduler.fairness import TypeAttainment
+from jitserve.scheduler.fairness import TenantAttainment, TypeAttainment
 from jitserve.scheduler.requests import DEADLINE, LATENCY
 
 
@@ -42,3 +42,15 @@ def test_unknown_type_is_a_clear_error(bad):
 def test_nonsense_windows_are_rejected(kwargs):
     with pytest.raises(ValueError):
         TypeAttainment(**kwargs)
+
+
+def test_tenants_are_tracked_as_they_appear():
+    """Tenant ids are handed out by the engine as API keys show up: the tracker sizes to the largest
+    one seen, and a tenant without outcomes gets no boost."""
+    att = TenantAttainment()
+    assert att.fair(now=0.0).size == 0
+    att.record(2, False, now=1.0)
+    att.record(0, True, now=1.0)
+    assert att.fair(now=2.0).tolist() == [0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="tenant"):
+        att.record(-1, True, now=2.0)

@@ -250,19 +250,34 @@ def test_waiting_time_drops_only_unstarted_requests():
     assert "w" not in table.ids(plan.order)
 
 
-def test_fairness_term_lifts_the_underserved_tenant():
+def _two_tenants(fairness: float) -> RequestTable:
+    """Tenant 0 has the densest and the second densest work; tenant 1's one request, the least dense,
+    is in a class with this fairnessWeight."""
     table = RequestTable()
-    for i, tenant in enumerate([0, 0, 1]):
-        table.add(
-            NewRequest(str(i), SLO.deadline_slo(100), arrival=0, input_len=100, max_tokens=50, tenant=tenant)
-        )
-    table.len_ub[table.slot("2")] = 50
-    table.len_ub[table.slot("0")] = table.len_ub[table.slot("1")] = 10  # tenant 0's work is denser
-    fair = np.array([0.0, 1.0])  # tenant 1 has received nothing
-    plain = plan_frame(table, 0, SPEED, GMAXParams(batch_size=1))
-    fairer = plan_frame(table, 0, SPEED, GMAXParams(batch_size=1, fairness=0.9), tenant_fair=fair)
-    assert table.ids(plain.batch) != ["2"]
-    assert table.ids(fairer.batch) == ["2"]
+    for rid, tenant, ub in (("top", 0, 10), ("mid", 0, 30), ("low", 1, 50)):
+        slo = SLO(type="deadline", deadline=100, fairness=fairness if tenant else 0.0)
+        table.add(NewRequest(rid, slo, arrival=0, input_len=100, max_tokens=ub, tenant=tenant))
+    return table
+
+
+@pytest.mark.parametrize("ranking", ["jit", "paper"])
+def test_fairness_term_lifts_the_underserved_tenant_by_its_class_weight(ranking):
+    """Algorithm 1's (1-f) x priority / max + f x Fair(r), f = the request's class's fairnessWeight: a
+    weighted request of a tenant the engine has been failing overtakes denser work of unweighted classes
+    (the densest keeps its place: its normalized priority is 1, which no mix exceeds)."""
+    two = GMAXParams(batch_size=2, ranking=ranking)
+    fair = np.array([0.0, 1.0])  # tenant 1 has met nothing lately
+    table = _two_tenants(fairness=0.9)
+    assert sorted(table.ids(plan_frame(table, 0, SPEED, two).batch)) == ["mid", "top"]  # no attainment known
+    assert sorted(table.ids(plan_frame(table, 0, SPEED, two, tenant_fair=fair).batch)) == ["low", "top"]
+    # a class without a weight ignores the tenants' attainment; so does a tenant with no outcome yet
+    unweighted = _two_tenants(fairness=0.0)
+    assert sorted(unweighted.ids(plan_frame(unweighted, 0, SPEED, two, tenant_fair=fair).batch)) == [
+        "mid",
+        "top",
+    ]
+    no_news = np.array([0.0])
+    assert sorted(table.ids(plan_frame(table, 0, SPEED, two, tenant_fair=no_news).batch)) == ["mid", "top"]
 
 
 def test_cutoff_tuner_converges_to_the_best_arm():
@@ -275,7 +290,7 @@ def test_cutoff_tuner_converges_to_the_best_arm():
 
 
 @pytest.mark.parametrize(
-    "bad", [{"batch_size": 0}, {"cutoff": 0}, {"cutoff": 1.5}, {"fairness": 2}, {"class_fairness": -0.1}]
+    "bad", [{"batch_size": 0}, {"cutoff": 0}, {"cutoff": 1.5}, {"class_fairness": 2}, {"preemption": "x"}]
 )
 def test_params_reject_nonsense(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):

@@ -224,3 +224,19 @@ def test_the_policy_reads_the_attainment_its_outcomes_built():
         policy.outcome(0, met=False, now=0.0)  # latency: none met
         policy.outcome(1, met=True, now=0.0)  # deadline: all met
     assert table.ids(policy.plan(table, 0.0, SPEED).batch) == ["chat"]
+
+
+def test_the_policy_weighs_tenants_by_their_outcomes_and_the_class_weight():
+    """The frame driver reports each ending's tenant; a class with a fairnessWeight lifts the tenant the
+    engine has been failing over denser work (scheduler/fairness.py, TenantAttainment)."""
+    table = RequestTable()
+    weighted = SLO(type="deadline", deadline=100, fairness=0.9)
+    for rid, ub in (("densest", 5), ("dense", 10)):
+        table.add(NewRequest(rid, SLO.deadline_slo(100), arrival=0, input_len=1000, max_tokens=ub, tenant=0))
+    table.add(NewRequest("failed", weighted, arrival=0, input_len=10, max_tokens=10, tenant=1))
+    policy = make_policy("jitserve", 2)
+    assert sorted(table.ids(policy.plan(table, 0.0, SPEED).batch)) == ["dense", "densest"]
+    for _ in range(5):
+        policy.outcome(1, met=True, now=0.0, tenant=0)
+        policy.outcome(1, met=False, now=0.0, tenant=1)
+    assert sorted(table.ids(policy.plan(table, 0.0, SPEED).batch)) == ["densest", "failed"]

@@ -49,6 +49,17 @@ def test_class_spec_rules():
         SLOClassSpec(type=SLOType.DEADLINE, deadlineSeconds=3, lengthQuantile=1.5)
     compound = PAPER_CLASSES["compound"]
     assert compound.to_slo(stages=4).deadline == 80.0
+    with pytest.raises(ValidationError, match="fairnessWeight"):
+        SLOClassSpec(type=SLOType.DEADLINE, deadlineSeconds=3, fairnessWeight=1.5)
+
+
+def test_a_class_fairness_weight_reaches_each_request_slo():
+    """`fairnessWeight` is the f GMAX mixes each request's tenant attainment in with (scheduler/gmax.py)."""
+    gold = SLOClassSpec(type=SLOType.DEADLINE, deadlineSeconds=3, fairnessWeight=0.4)
+    assert gold.to_slo().fairness == 0.4
+    _, slo = resolve_request_slo({"slo_class": "gold"}, {"gold": gold}, None)
+    assert slo.fairness == 0.4
+    assert PAPER_CLASSES["latency"].to_slo().fairness == 0.0
 
 
 def test_resolve_by_class_explicit_and_default():

@@ -441,3 +441,19 @@ def test_length_bounds_fit_in_a_child_process_and_keep_what_finished_meanwhile(t
         assert 1 <= int(ub[0]) < 512  # a learned bound, not max_tokens
     finally:
         bounds.close()
+
+
+def test_runner_tells_the_policy_each_outcome_by_tenant() -> None:
+    """The tenant the router names in `vllm_xargs.tenant` (the API key's owner) is what Algorithm 1's
+    fairness term (`SLOClass.fairnessWeight`) reads: each ending counts for its tenant."""
+    r = FrameRunner(settings(policy="jitserve", analyzer=False), batch_size=2, clock=lambda: 2.0)
+    for rid, tenant in (("a", "acme"), ("b", "globex"), ("c", "acme")):
+        xargs = {"slo_class": "deadline", "deadline": 10, "tenant": tenant}
+        r.admit(rid, xargs, arrival=0.0, input_len=5, max_tokens=8)
+    r.end("a", 2.0, "dropped")
+    r.end("b", 2.0, "dropped")
+    r.end("c", 2.0, "dropped")
+    met, ended = r.policy.tenants.counts(2.0)  # type: ignore[attr-defined]
+    acme, globex = r.tenants["acme"], r.tenants["globex"]
+    assert (ended[acme], ended[globex]) == (2, 1)
+    assert met.sum() == 0
