@@ -443,13 +443,22 @@ def test_length_bounds_fit_in_a_child_process_and_keep_what_finished_meanwhile(t
         bounds.close()
 
 
-def test_runner_tells_the_policy_each_outcome_by_tenant() -> None:
+def test_runner_tells_the_policy_each_outcome_by_tenant(tmp_path: Path) -> None:
     """The tenant the router names in `vllm_xargs.tenant` (the API key's owner) is what Algorithm 1's
-    fairness term (`SLOClass.fairnessWeight`) reads: each ending counts for its tenant."""
-    r = FrameRunner(settings(policy="jitserve", analyzer=False), batch_size=2, clock=lambda: 2.0)
+    fairness term reads, with f from the request's class (`SLOClass.fairnessWeight`, from the pool's
+    classes file): each ending counts for its tenant."""
+    classes = tmp_path / "classes.json"
+    classes.write_text(
+        json.dumps({"fair": {"type": "deadline", "deadlineSeconds": 10, "fairnessWeight": 0.3}})
+    )
+    r = FrameRunner(
+        settings(policy="jitserve", analyzer=False, classes_file=str(classes)),
+        batch_size=2,
+        clock=lambda: 2.0,
+    )
     for rid, tenant in (("a", "acme"), ("b", "globex"), ("c", "acme")):
-        xargs = {"slo_class": "deadline", "deadline": 10, "tenant": tenant}
-        r.admit(rid, xargs, arrival=0.0, input_len=5, max_tokens=8)
+        r.admit(rid, {"slo_class": "fair", "tenant": tenant}, arrival=0.0, input_len=5, max_tokens=8)
+    assert r.table.fairness[r.table.slot("b")] == 0.3
     r.end("a", 2.0, "dropped")
     r.end("b", 2.0, "dropped")
     r.end("c", 2.0, "dropped")
