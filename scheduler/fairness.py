@@ -25,7 +25,9 @@ class Attainment:
     """Met / ended per key (a small int: an SLO type code, a tenant id) over the last `window_s`
     seconds, in `buckets` time buckets. `keys` bounds the keys when they are known in advance."""
 
-    def __init__(self, keys: int | None = None, window_s: float = 60.0, buckets: int = 12, name: str = "key"):
+    def __init__(
+        self, keys: int | None = None, window_s: float = 60.0, buckets: int = 12, name: str = "key"
+    ) -> None:
         self.keys = keys
         self.name = name  # what a key is, for errors
         self._sums: SlidingSums[int] = SlidingSums(2, window_s, buckets)  # (met, ended) per key

@@ -141,8 +141,8 @@ class SLOClassSpec(BaseModel):
         0.0,
         ge=0,
         le=1,
-        description="f in (1-f)*priority + f*Fair(r), Fair(r) = 1 - the tenant's SLO attainment over the "
-        "last minute: how far this class's requests favour tenants the pool has been failing",
+        description="f in (1-f)*priority + f*Fair(r), Fair(r) = 1 - the tenant's SLO attainment on the "
+        "engine over the last minute: how far this class's requests favour tenants it has been failing",
     )
     default: bool = Field(False, description="requests without an SLO get this class")
 
