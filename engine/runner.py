@@ -502,6 +502,7 @@ class FrameRunner:
             dropped_total=self.dropped_total,
             preempted_total=self.preempted_total,
             goodput=self.window.summary(now),
+            reservation=self.driver.last_plan.reservation if self.driver.last_plan is not None else None,
             state_type=EngineState,
             extra=diagnostics,
             validate=False,

@@ -129,8 +129,13 @@ def effective_state(r: Replica, now_wall: float, now_mono: float, defaults: Defa
             return s
         free = max(s.batch_size - s.running - s.waiting, 0)
         spill = max(extra - free, 0)
+        update: dict[str, object] = {}
+        if s.reserved_waiting is not None:
+            # what the router sent since beyond the free slots may all be work the engine reserves
+            update["reserved_waiting"] = s.reserved_waiting + spill
         return s.model_copy(
-            update={
+            update=update
+            | {
                 "waiting": s.waiting + extra,
                 "queue_delay_s": s.queue_delay_s + spill * _turn(s, defaults),
                 "committed_bandwidth": s.committed_bandwidth + extra,

@@ -15,7 +15,7 @@ request's gain over the next frame beats the stall the preemption costs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -321,6 +321,16 @@ def stall_seconds(table: RequestTable, slots: np.ndarray, speed: EngineSpeed, mo
 
 
 @dataclass(frozen=True, slots=True)
+class Reservation:
+    """What a just-in-time plan reserved, as the replica report carries it to placement: a newcomer that
+    cannot wait a frame is reserved too, behind the `waiting` reserved requests still without a slot,
+    and takes the slot of one of the `yieldable` running requests that can wait (or the next to free)."""
+
+    waiting: int  # reserved (urgent) requests outside the batch
+    yieldable: int  # requests in the batch that are not reserved and not streams (slack or best-effort work)
+
+
+@dataclass(frozen=True, slots=True)
 class FramePlan:
     """One frame's decision. All arrays hold table slots."""
 
@@ -329,6 +339,7 @@ class FramePlan:
     preempt: np.ndarray  # running slots to preempt now
     drop: np.ndarray  # waiting slots past their waiting_time
     analysis: Analysis | None = field(default=None, compare=False)
+    reservation: Reservation | None = None  # None: the policy reserves nothing (it ranks alone)
 
 
 def expired(table: RequestTable, now: float, slots: np.ndarray | None = None) -> np.ndarray:
@@ -363,7 +374,8 @@ def plan_frame(
         slots = np.setdiff1d(slots, drop, assume_unique=True)
     if slots.size == 0:
         empty = slots[:0]
-        return FramePlan(empty, empty, empty, drop)
+        nothing = Reservation(0, 0) if params.ranking == "jit" else None
+        return FramePlan(empty, empty, empty, drop, reservation=nothing)
     an, work = _analyze(table, now, speed, params, slots, tenant_fair)
     if params.ranking == "jit":
         return _plan_jit(table, now, speed, params, slots, an, work, drop, type_fair)
@@ -619,7 +631,15 @@ def _plan_jit(
                 table, now, speed, params, slots, an, running, lost, margin, incoming[free:], yielders
             )
     waiting_order = order_pos[~running[order_pos]]  # the preempted wait for the next frame
-    return _frame_plan(slots, running, preempt_pos, waiting_order, order_pos, B, drop, an)
+    plan = _frame_plan(slots, running, preempt_pos, waiting_order, order_pos, B, drop, an)
+    in_batch = np.isin(slots, plan.batch, assume_unique=True)
+    # A running stream is not counted as yieldable: pausing it costs its place on its token timeline and a
+    # re-prefill, which the preemption test rarely finds worth a newcomer's stake.
+    reservation = Reservation(
+        waiting=int(np.count_nonzero(urgent & ~in_batch)),
+        yieldable=int(np.count_nonzero(in_batch & ~urgent & ~work.is_latency)),
+    )
+    return replace(plan, reservation=reservation)
 
 
 _MAX_PAIRS = 16  # preemptions weighed per plan: bounds the cost of a plan at large B

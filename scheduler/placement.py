@@ -25,7 +25,7 @@ from enum import StrEnum
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from jitserve.scheduler.gmax import EngineSpeed, GMAXParams, analyze
+from jitserve.scheduler.gmax import Analysis, EngineSpeed, GMAXParams, analyze
 from jitserve.scheduler.requests import NewRequest, RequestTable
 
 _TIE_TOLERANCE = 0.02  # priorities within 2% are a tie: the speed estimates are not that precise
@@ -72,6 +72,18 @@ class ReplicaState(BaseModel):
         ge=0, description="cutoff x B-th highest priority in the queue; 0 when a batch slot is free"
     )
     queue_delay_s: float = Field(ge=0, description="expected wait before a new request starts")
+    reserved_waiting: int | None = Field(
+        None,
+        ge=0,
+        description="just-in-time GMAX: reserved requests (they cannot wait a frame) still without a batch "
+        "slot; null when the engine's policy reserves nothing",
+    )
+    yieldable: int | None = Field(
+        None,
+        ge=0,
+        description="just-in-time GMAX: requests in the batch that can wait, streams aside (they yield to "
+        "reserved ones)",
+    )
     kv_usage: float = Field(ge=0, le=1, description="fraction of KV cache blocks in use")
     cutoff: float = Field(gt=0, le=1)
     frames: int = Field(ge=0, description="frames planned so far (liveness)")
@@ -79,6 +91,19 @@ class ReplicaState(BaseModel):
     preempted_total: int = Field(0, ge=0)
     goodput: dict[str, ClassGoodput] = Field(default_factory=dict, description="per SLO class")
     updated_at: float = Field(description="unix time of this report")
+
+    def reserved_delay_s(self) -> float:
+        """When a request this replica would reserve (one that cannot wait behind the queue) starts:
+        behind the reserved requests still waiting, in a slot a yieldable request gives up at once or
+        the next to free after that, a slot turn apart. The whole queue delay when the report carries no
+        reservation."""
+        if self.reserved_waiting is None or self.yieldable is None:
+            return self.queue_delay_s
+        turns = self.reserved_waiting + 1 - self.yieldable
+        turn = self.slot_turn_s()
+        if turns <= 0 or turn is None:
+            return 0.0 if turns <= 0 else self.queue_delay_s
+        return min(turns * turn, self.queue_delay_s)
 
     def slot_turn_s(self) -> float | None:
         """Seconds between batch slots freeing, as this report's queue delay implies (its own mix of
@@ -156,14 +181,15 @@ def place(
         sampled = np.sort(rng.choice(m, size=max(k, 1), replace=False))
     n = sampled.size
     # One pass over the sampled states: a column per field (floats; the integer counts stay exact).
-    step, prefill, delay, bar, occupied, batch = np.array(
+    step, prefill, delay, bar, occupied, batch, reserved_delay, reserves = np.array(
         [
             (s.step_time_s, s.prefill_tokens_per_s, s.queue_delay_s, s.admission_priority,
-             s.running + s.waiting, s.batch_size)
+             s.running + s.waiting, s.batch_size, s.reserved_delay_s(), s.reserved_waiting is not None)
             for s in (replicas[j] for j in sampled)
         ],
         dtype=np.float64,
     ).T  # fmt: skip
+    reserves = reserves.astype(bool)
     computed = None
     if cached_tokens is not None:
         cached = np.array([cached_tokens[j] for j in sampled], dtype=np.int64)
@@ -172,35 +198,53 @@ def place(
     # measurement lag, not by speed. Ranked at
     # its own report, a replica measured before a burst looks fastest and takes all of it
     # (docs/benchmarks/sim.md, "Where JITServe loses"). Feasibility keeps each replica's own speed; the
-    # ranking compares them at the slowest, so load and queue decide. Both in one `analyze`: the second
-    # n rows are the same dummies at the slowest step.
+    # ranking compares them at the slowest, so load and queue decide.
+    # Each replica is analyzed at two start times: behind its whole queue (`delay`), and where a request
+    # it would reserve starts (`reserved_delay`: just-in-time GMAX serves work that cannot wait ahead of
+    # work that can; docs/decisions/core.md, "Admission: where a reserved request starts"). All in one
+    # `analyze`: blocks of n rows, own speed at `delay`, own speed at `reserved_delay`, then both again at
+    # the slowest step when the reports differ.
     ranked_apart = bool(step.min() < step.max())
-    if ranked_apart:
-        step = np.concatenate([step, np.full(n, step.max())])
-        prefill, delay_rows = np.concatenate([prefill, prefill]), np.concatenate([delay, delay])
-        if computed is not None:
-            computed = np.concatenate([computed, computed])
-    else:
-        delay_rows = delay
-    speed = EngineSpeed(step_time=step, prefill_tokens_per_s=prefill)  # type: ignore[arg-type]
-    # One row holds the request; `slots` names it once per sampled replica, so `analyze` sees K copies
-    # (the paper's K dummies) without building a K-row table per request.
+    blocks = 4 if ranked_apart else 2
+    steps = np.concatenate([step, step] + ([np.full(2 * n, step.max())] if ranked_apart else []))
+    speed = EngineSpeed(
+        step_time=steps,  # type: ignore[arg-type]
+        prefill_tokens_per_s=np.tile(prefill, blocks),  # type: ignore[arg-type]
+    )
+    delay_rows = np.tile(np.concatenate([delay, reserved_delay]), blocks // 2)
+    if computed is not None:
+        computed = np.tile(computed, blocks)
+    # One row holds the request; `slots` names it once per analyzed row, so `analyze` sees the paper's
+    # K dummies (here at two start times) without building a table per request.
     table = _scratch_table()
+
+    def judged(an: Analysis) -> tuple[np.ndarray, np.ndarray]:
+        """Per sampled replica: reserved (late behind the queue, on time where the replica's reserved
+        work starts), and feasible where it would start."""
+        behind = an.feasible[:n]
+        ahead = reserves & an.feasible[n : 2 * n] & ~behind
+        return ahead, ahead | behind
+
     try:
-        slots = np.full(step.size, table.add(request))
+        slots = np.full(blocks * n, table.add(request))
         both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
+        ahead, an_feasible = judged(both)
         needs_short_reply = False
-        if not both.feasible[:n].any():
+        if not an_feasible.any():
             # The conservative bound sizes bandwidth; it must not reject a request that a shorter (yet
             # possible) reply would serve on time. Reject only when even a one-token reply would be late.
             table.len_ub[slots[0]] = 1
             both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
+            ahead, an_feasible = judged(both)
             needs_short_reply = True
     finally:
         if request.request_id in table:  # empty again for the next call, whatever happened
             table.remove(request.request_id)
-    an_feasible, an_priority = both.feasible[:n], both.priority[:n]
-    rank = both.priority[n:] if ranked_apart else an_priority
+    feasible_q = both.feasible[:n]
+    an_priority = np.where(ahead, both.priority[n : 2 * n], both.priority[:n])
+    rank = an_priority
+    if ranked_apart:
+        rank = np.where(ahead, both.priority[3 * n :], both.priority[2 * n : 3 * n])
     priority = np.where(an_feasible, an_priority, 0.0)
     if not an_feasible.any():
         return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
@@ -218,18 +262,23 @@ def place(
                 "rejected: replica busy and the SLO needs a reply shorter than the length bound",
             )
     has_room = occupied < batch
-    eligible = feasible & (has_room | (priority >= bar))
+    # a reserved request is served ahead of the bar's work: the bar cuts the fill, not the reservation
+    eligible = feasible & (has_room | (priority >= bar) | ahead)
     if eligible.any():
         score = np.where(eligible, rank, -np.inf)
         reason = "admitted by replica-specific priority"
         if needs_short_reply:
             reason = "admitted: on time only if the reply is shorter than its length bound"
+        elif not (eligible & feasible_q).any():
+            reason = (
+                "admitted ahead of the queue: reserved, it starts in time behind the replica's reserved work"
+            )
     else:
         # Below every replica's bar it starts only behind the work queued ahead of it, which is what
         # the replica's queue delay estimates. If that outlasts the request's waiting_time, the engine
         # would drop it after the wait anyway: answer now, with the reason, instead.
         patience = request.arrival + request.slo.waiting_time - now
-        feasible = feasible & (delay < patience)
+        feasible = feasible_q & (delay < patience)
         if not feasible.any():
             return Placement(
                 None,

@@ -209,6 +209,7 @@ def replica_state(engine: Engine, now: float) -> ReplicaState:
         waiting=engine.waiting_count,
         kv_usage=engine.kv_used / max(engine.config.kv_capacity, 1),
         frames=engine.stats.frames,
+        reservation=engine.driver.last_plan.reservation if engine.driver.last_plan is not None else None,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from jitserve.scheduler.gmax import EngineSpeed
+from jitserve.scheduler.gmax import EngineSpeed, Reservation
 from jitserve.scheduler.placement import ClassGoodput, ReplicaState, replica_load
 from jitserve.scheduler.requests import RequestTable
 
@@ -32,11 +32,14 @@ def assemble_replica_state(
     dropped_total: int = 0,
     preempted_total: int = 0,
     goodput: Mapping[str, ClassGoodput] | None = None,
+    reservation: Reservation | None = None,
     state_type: type[S] = ReplicaState,  # type: ignore[assignment]
     extra: Mapping[str, Any] | None = None,
     validate: bool = True,
 ) -> S:
     """A `state_type` (ReplicaState or a subclass, whose own fields come in `extra`) for this moment.
+    `reservation`: what the policy's latest plan reserved (`FramePlan.reservation`; None: it reserves
+    nothing, and placement sees only the queue delay).
 
     `validate=False` builds it unchecked (`model_construct`): the engine builds its state several times
     a second from values it computed itself, where validating again would cost more than the rest."""
@@ -53,6 +56,8 @@ def assemble_replica_state(
         "residual_capacity": batch_size - load.committed_bandwidth,
         "admission_priority": load.admission_priority,
         "queue_delay_s": load.queue_delay_s,
+        "reserved_waiting": None if reservation is None else reservation.waiting,
+        "yieldable": None if reservation is None else reservation.yieldable,
         "kv_usage": min(max(kv_usage, 0.0), 1.0),
         "cutoff": cutoff,
         "frames": frames,

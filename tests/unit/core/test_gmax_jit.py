@@ -240,3 +240,26 @@ def test_the_policy_weighs_tenants_by_their_outcomes_and_the_class_weight():
         policy.outcome(1, met=True, now=0.0, tenant=0)
         policy.outcome(1, met=False, now=0.0, tenant=1)
     assert sorted(table.ids(policy.plan(table, 0.0, SPEED).batch)) == ["densest", "failed"]
+
+
+def test_the_plan_says_what_it_reserved_for_the_replica_report():
+    """Placement reads how much reserved work waits and how much running work can yield
+    (`FramePlan.reservation`, reported as `reserved_waiting` / `yieldable`)."""
+    table = RequestTable()
+    _full_batch_of_loose_deadlines(table)
+    plan = plan_frame(table, 0.0, SPEED, JIT)
+    assert (plan.reservation.waiting, plan.reservation.yieldable) == (0, 4)  # all four can wait
+    for i in range(5):
+        table.add(_chat(f"chat{i}"))  # five urgent chats, four slots: one preempts... all it can
+    plan = plan_frame(table, 0.0, SPEED, JIT)
+    reserved_in_batch = 4 - plan.reservation.yieldable
+    assert reserved_in_batch + plan.reservation.waiting == 5
+    assert plan.reservation.waiting >= 1
+    assert plan_frame(table, 0.0, SPEED, PAPER).reservation is None  # Algorithm 1 reserves nothing
+    # a stream ahead of its timeline can wait, but is not reported as yieldable (pausing it rarely pays)
+    streams = RequestTable()
+    _full_batch_of_loose_deadlines(streams, n=3)
+    streams.add(_chat("ahead", ttft=1.0, tbt=0.1))
+    _running(streams, "ahead", generated=60)
+    plan = plan_frame(streams, 0.95 + 60 * 0.05, SPEED, JIT)
+    assert (plan.reservation.waiting, plan.reservation.yieldable) == (0, 3)

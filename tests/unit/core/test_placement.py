@@ -174,3 +174,31 @@ def test_a_replica_measured_before_a_burst_does_not_take_all_of_it():
         ).replica
         == 1
     )
+
+
+def test_reserved_delay_counts_the_reserved_work_ahead_and_what_can_yield():
+    """A just-in-time engine serves work that cannot wait ahead of work that can: a newcomer it would
+    reserve starts behind the reserved requests still waiting, a slot turn apart, in a slot a yieldable
+    request gives up at once if there is one to spare."""
+    full = dict(running=8, waiting=8, queue_delay_s=9.0)  # 9 ahead of a newcomer: a slot turn is 1 s
+    assert replica("a", **full).reserved_delay_s() == 9.0  # no reservation reported: the whole queue
+    assert replica("a", **full, reserved_waiting=1, yieldable=0).reserved_delay_s() == 2.0
+    assert replica("a", **full, reserved_waiting=1, yieldable=2).reserved_delay_s() == 0.0
+    assert replica("a", **full, reserved_waiting=30, yieldable=0).reserved_delay_s() == 9.0  # capped
+
+
+def test_a_request_the_engine_would_reserve_is_judged_where_reserved_work_starts():
+    """Late behind the whole queue but on time behind the replica's reserved work: admitted there, bar or
+    not (the bar cuts the fill, not the reservation). Without a reservation in the report, or behind
+    too much reserved work, it is rejected as before."""
+    req = tight(deadline=4.5)  # 2.05 s of work: on time if it starts within ~2.4 s
+    full = dict(running=8, waiting=8, queue_delay_s=9.0, admission_priority=1e9)
+    p = place(req, [replica("a", **full, reserved_waiting=1, yieldable=0)], now=0.0)  # 2 turns: 2 s
+    assert p.replica == 0 and p.reason.startswith("admitted ahead of the queue")
+    assert place(req, [replica("a", **full)], now=0.0).replica is None
+    assert place(req, [replica("a", **full, reserved_waiting=4, yieldable=0)], now=0.0).replica is None
+    # work that is on time behind the queue is not reserved: the bar and its waiting_time (5 s, against
+    # 9 s of queue) decide, as before
+    loose = tight(deadline=60.0)
+    p = place(loose, [replica("a", **full, reserved_waiting=0, yieldable=0)], now=0.0)
+    assert p.replica is None and p.reason.startswith("rejected: below every replica's admission bar")

@@ -4,8 +4,8 @@
 a fresh K-row `RequestTable` with one dummy copy of the request per sampled replica and runs GMAX's
 `analyze` over it. It stays here as the test's reference only; the production `place()` must return the
 same replica, priorities (bit for bit), sampled set and reason on every input. (The busy-replica rule
-for short-reply requests, the waiting_time check below every bar and the ranking at the slowest
-reported step time were added to both later.)
+for short-reply requests, the waiting_time check below every bar, the ranking at the slowest
+reported step time and the start of reserved work were added to both later.)
 """
 
 from __future__ import annotations
@@ -65,22 +65,52 @@ def _reference_place(
         prefill_tokens_per_s=np.asarray([s.prefill_tokens_per_s for s in states]),  # type: ignore[arg-type]
     )
     delay = np.asarray([s.queue_delay_s for s in states])
-    an = analyze(table, now, speed, params, slots, queue_delay=delay)  # type: ignore[arg-type]
+    # where a request the replica would reserve starts: behind its reserved work still waiting, a slot
+    # turn apart, after what can yield (straight from the report's fields)
+    reserved = []
+    for s in states:
+        turns = None if s.reserved_waiting is None else s.reserved_waiting + 1 - (s.yieldable or 0)
+        ahead_of = s.running + s.waiting - s.batch_size + 1
+        turn = s.queue_delay_s / ahead_of if ahead_of > 0 and s.queue_delay_s > 0 else None
+        if turns is None:
+            reserved.append(s.queue_delay_s)
+        elif turns <= 0:
+            reserved.append(0.0)
+        elif turn is None:
+            reserved.append(s.queue_delay_s)
+        else:
+            reserved.append(min(turns * turn, s.queue_delay_s))
+    reserved_delay = np.asarray(reserved)
+    reserves = np.asarray([s.reserved_waiting is not None for s in states])
+
+    def judge() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        behind = analyze(table, now, speed, params, slots, queue_delay=delay)  # type: ignore[arg-type]
+        there = analyze(table, now, speed, params, slots, queue_delay=reserved_delay)  # type: ignore[arg-type]
+        ahead = reserves & there.feasible & ~behind.feasible
+        return (
+            ahead,
+            ahead | behind.feasible,
+            np.where(ahead, there.priority, behind.priority),
+            behind.feasible,
+        )
+
+    ahead, feasible_any, an_priority, feasible_behind = judge()
     short_reply = False
-    if not an.feasible.any():
+    if not feasible_any.any():
         table.len_ub[slots] = 1
-        an = analyze(table, now, speed, params, slots, queue_delay=delay)  # type: ignore[arg-type]
+        ahead, feasible_any, an_priority, feasible_behind = judge()
         short_reply = True
     # ranked at the slowest reported step time (feasibility above keeps each replica's own)
     slowest = EngineSpeed(
         step_time=np.full(len(states), float(np.max(speed.step_time))),  # type: ignore[arg-type]
         prefill_tokens_per_s=speed.prefill_tokens_per_s,
     )
-    rank = analyze(table, now, slowest, params, slots, queue_delay=delay).priority  # type: ignore[arg-type]
-    priority = np.where(an.feasible, an.priority, 0.0)
-    if not an.feasible.any():
+    start = np.where(ahead, reserved_delay, delay)
+    rank = analyze(table, now, slowest, params, slots, queue_delay=start).priority  # type: ignore[arg-type]
+    priority = np.where(feasible_any, an_priority, 0.0)
+    if not feasible_any.any():
         return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
-    feasible = an.feasible
+    feasible = feasible_any
     if short_reply:  # on time only with a reply shorter than the bound: only on a replica under B/4
         idle = np.asarray([s.running + s.waiting < 0.25 * s.batch_size for s in states])
         feasible = feasible & idle
@@ -89,14 +119,18 @@ def _reference_place(
             return Placement(None, priority, sampled, reason)
     has_room = np.asarray([s.running + s.waiting < s.batch_size for s in states])
     bar = np.asarray([s.admission_priority for s in states])
-    eligible = feasible & (has_room | (priority >= bar))
+    eligible = feasible & (has_room | (priority >= bar) | ahead)
     if eligible.any():
         score = np.where(eligible, rank, -np.inf)
         reason = "admitted by replica-specific priority"
         if short_reply:
             reason = "admitted: on time only if the reply is shorter than its length bound"
+        elif not (eligible & feasible_behind).any():
+            reason = (
+                "admitted ahead of the queue: reserved, it starts in time behind the replica's reserved work"
+            )
     else:  # below every bar: only where the queue ahead ends within its waiting_time
-        feasible = feasible & (delay < request.arrival + request.slo.waiting_time - now)
+        feasible = feasible_behind & (delay < request.arrival + request.slo.waiting_time - now)
         if not feasible.any():
             reason = (
                 "rejected: below every replica's admission bar, and the queue ahead is longer than its "
@@ -179,6 +213,11 @@ def _random_replica(rng: np.random.Generator, i: int, shared: dict | None) -> Re
         cutoff=0.95,
         frames=int(rng.integers(0, 100)),
         updated_at=0.0,
+        **(
+            {"reserved_waiting": int(rng.integers(0, 10)), "yieldable": int(rng.integers(0, running + 1))}
+            if rng.random() < 0.5
+            else {}
+        ),
     )
 
 
@@ -224,7 +263,7 @@ def test_the_random_cases_reach_every_branch() -> None:
             request, replicas, now, k=k, cached_tokens=cached, rng=np.random.default_rng(seed), params=params
         )
         reasons.add(got.reason.split(" (")[0])  # the branch, without the request's numbers
-    assert len(reasons) == 6, reasons
+    assert len(reasons) == 7, reasons
 
 
 def test_repeated_calls_do_not_leak_state() -> None:
