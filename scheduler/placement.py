@@ -277,8 +277,9 @@ def place(
         # Below every replica's bar it starts only behind the work queued ahead of it, which is what
         # the replica's queue delay estimates. If that outlasts the request's waiting_time, the engine
         # would drop it after the wait anyway: answer now, with the reason, instead.
+        # (no request here is reserved: a reserved one is eligible, so `feasible` is behind the queue)
         patience = request.arrival + request.slo.waiting_time - now
-        feasible = feasible_q & (delay < patience)
+        feasible = feasible & (delay < patience)
         if not feasible.any():
             return Placement(
                 None,

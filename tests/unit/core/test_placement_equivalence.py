@@ -130,7 +130,7 @@ def _reference_place(
                 "admitted ahead of the queue: reserved, it starts in time behind the replica's reserved work"
             )
     else:  # below every bar: only where the queue ahead ends within its waiting_time
-        feasible = feasible_behind & (delay < request.arrival + request.slo.waiting_time - now)
+        feasible = feasible & (delay < request.arrival + request.slo.waiting_time - now)
         if not feasible.any():
             reason = (
                 "rejected: below every replica's admission bar, and the queue ahead is longer than its "
