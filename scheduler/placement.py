@@ -199,19 +199,22 @@ def place(
     # its own report, a replica measured before a burst looks fastest and takes all of it
     # (docs/benchmarks/sim.md, "Where JITServe loses"). Feasibility keeps each replica's own speed; the
     # ranking compares them at the slowest, so load and queue decide.
-    # Each replica is analyzed at two start times: behind its whole queue (`delay`), and where a request
-    # it would reserve starts (`reserved_delay`: just-in-time GMAX serves work that cannot wait ahead of
-    # work that can; docs/decisions/core.md, "Admission: where a reserved request starts"). All in one
-    # `analyze`: blocks of n rows, own speed at `delay`, own speed at `reserved_delay`, then both again at
-    # the slowest step when the reports differ.
+    # Where a sampled replica reports a reservation, it is also analyzed where a request it would reserve
+    # starts (`reserved_delay`: just-in-time GMAX serves work that cannot wait ahead of work that can;
+    # docs/decisions/core.md, "Admission: where a reserved request starts"). All in one `analyze`: blocks
+    # of n rows, own speed at `delay` (then at `reserved_delay`), then the same again at the slowest step
+    # when the reports differ.
     ranked_apart = bool(step.min() < step.max())
-    blocks = 4 if ranked_apart else 2
-    steps = np.concatenate([step, step] + ([np.full(2 * n, step.max())] if ranked_apart else []))
+    any_reserves = bool(reserves.any())
+    starts = [delay, reserved_delay] if any_reserves else [delay]
+    k = len(starts)  # blocks per speed
+    blocks = 2 * k if ranked_apart else k
+    steps = np.concatenate([step] * k + ([np.full(k * n, step.max())] if ranked_apart else []))
     speed = EngineSpeed(
         step_time=steps,  # type: ignore[arg-type]
         prefill_tokens_per_s=np.tile(prefill, blocks),  # type: ignore[arg-type]
     )
-    delay_rows = np.tile(np.concatenate([delay, reserved_delay]), blocks // 2)
+    delay_rows = np.tile(np.concatenate(starts), blocks // k)
     if computed is not None:
         computed = np.tile(computed, blocks)
     # One row holds the request; `slots` names it once per analyzed row, so `analyze` sees the paper's
@@ -222,6 +225,8 @@ def place(
         """Per sampled replica: reserved (late behind the queue, on time where the replica's reserved
         work starts), and feasible where it would start."""
         behind = an.feasible[:n]
+        if not any_reserves:
+            return np.zeros(n, dtype=bool), behind
         ahead = reserves & an.feasible[n : 2 * n] & ~behind
         return ahead, ahead | behind
 
@@ -241,10 +246,12 @@ def place(
         if request.request_id in table:  # empty again for the next call, whatever happened
             table.remove(request.request_id)
     feasible_q = both.feasible[:n]
-    an_priority = np.where(ahead, both.priority[n : 2 * n], both.priority[:n])
+    pri = both.priority
+    an_priority = np.where(ahead, pri[n : 2 * n], pri[:n]) if any_reserves else pri[:n]
     rank = an_priority
-    if ranked_apart:
-        rank = np.where(ahead, both.priority[3 * n :], both.priority[2 * n : 3 * n])
+    if ranked_apart:  # the same blocks at the slowest step start at k * n
+        slow = pri[k * n :]
+        rank = np.where(ahead, slow[n : 2 * n], slow[:n]) if any_reserves else slow[:n]
     priority = np.where(an_feasible, an_priority, 0.0)
     if not an_feasible.any():
         return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
