@@ -35,8 +35,8 @@ class Attainment:
 
     def record(self, key: int, met: bool, now: float) -> None:
         """One request of `key` ended at `now`; `met`: it met its SLO."""
-        bound = f"[0, {self.keys})" if self.keys is not None else ">= 0"
         if key < 0 or (self.keys is not None and key >= self.keys):
+            bound = f"[0, {self.keys})" if self.keys is not None else ">= 0"
             raise ValueError(f"{self.name}: must be in {bound}, got {key}")
         self._sums.add(key, (float(met), 1.0), now)
         self._seen = max(self._seen, key + 1)

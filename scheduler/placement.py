@@ -209,14 +209,14 @@ def place(
     starts = [delay, reserved_delay] if any_reserves else [delay]
     k = len(starts)  # blocks per speed
     blocks = 2 * k if ranked_apart else k
-    steps = np.concatenate([step] * k + ([np.full(k * n, step.max())] if ranked_apart else []))
+    steps = np.concatenate([step] * k + [np.full(k * n, step.max())]) if ranked_apart else _repeat(step, k)
     speed = EngineSpeed(
         step_time=steps,  # type: ignore[arg-type]
-        prefill_tokens_per_s=np.tile(prefill, blocks),  # type: ignore[arg-type]
+        prefill_tokens_per_s=_repeat(prefill, blocks),  # type: ignore[arg-type]
     )
-    delay_rows = np.tile(np.concatenate(starts), blocks // k)
+    delay_rows = _repeat(np.concatenate(starts) if k > 1 else delay, blocks // k)
     if computed is not None:
-        computed = np.tile(computed, blocks)
+        computed = _repeat(computed, blocks)
     # One row holds the request; `slots` names it once per analyzed row, so `analyze` sees the paper's
     # K dummies (here at two start times) without building a table per request.
     table = _scratch_table()
@@ -306,6 +306,11 @@ def place(
         load = occupied / batch
         best = best[np.lexsort((delay[best], load[best]))]
     return Placement(int(sampled[best[0]]), priority, sampled, reason)
+
+
+def _repeat(column: np.ndarray, times: int) -> np.ndarray:
+    """`column` `times` over, end to end (np.tile costs more at these sizes; once is the column itself)."""
+    return column if times == 1 else np.concatenate([column] * times)
 
 
 def _short_reply_room(
