@@ -1,6 +1,6 @@
 """The emulated Kubernetes cluster of the tests: kmock extended into an API server (apiserver.py),
 CRD admission with OpenAPI and CEL (admission.py), a thread runner with a kubeconfig (cluster.py)
-and emulated built-in controllers (controllers.py). Reused by the e2e tests and bench/operator.py.
+and emulated built-in controllers (controllers.py). Reused by the e2e tests and bench/operator_apply.py.
 """
 
 from .apiserver import EmulatedApiServer

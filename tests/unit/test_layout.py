@@ -34,3 +34,11 @@ def test_cli_help_lists_every_component():
     ).stdout
     for command in ("engine", "router", "operator", "sim", "up", "demo"):
         assert command in out
+
+
+def test_no_script_folder_shadows_the_standard_library():
+    """`python bench/sim.py` puts bench/ first on sys.path: a bench/operator.py there replaced the stdlib
+    `operator` (argparse imports it) and every benchmark script died at import."""
+    stdlib = set(sys.stdlib_module_names)
+    clashes = sorted(p.name for p in (ROOT / "bench").glob("*.py") if p.stem in stdlib)
+    assert not clashes, f"bench/ shadows the standard library when its scripts run: {clashes}"

@@ -6,7 +6,7 @@ the numbers do not include polling. Scenarios:
   single  - one pool at a time, N trials: apply -> last child created (goal <= 1 s)
   burst   - P pools applied at once: each pool's apply -> last child, and first apply -> last child
 Results go to stdout as a table and, with --json, to a file. Usage:
-  python bench/operator.py [--trials 20] [--pools 100] [--json out.json]
+  python bench/operator_apply.py [--trials 20] [--pools 100] [--json out.json]
 """
 
 from __future__ import annotations
