@@ -7,6 +7,8 @@ implementation that fell back to the paper's ranking would fail here.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import deadline_request
@@ -143,6 +145,30 @@ def test_a_stream_with_slack_yields_to_one_about_to_miss_its_first_token():
     assert "new" in table.ids(plan.batch)
 
 
+def test_a_victim_is_priced_over_its_wait_in_the_queue_not_one_frame():
+    """A preempted request goes back to the queue and waits for a slot behind the others (a slot turn,
+    mean t_gen / B, per request ahead), not one frame. Running work with 4 s of slack can yield to a
+    chat about to miss its first token while the queue is short (its wait: one turn, ~3.6 s with the
+    restore); behind two more queued requests it would wait ~11 s and miss its deadline, which costs
+    more than the chat saves. Priced over a frame (2.5 s), it yields in both cases."""
+
+    def batch_with_slack(queued: int) -> RequestTable:
+        table = RequestTable()
+        for i in range(4):
+            # slack 4 s: its remaining 299 tokens take 14.95 s
+            table.add(deadline_request(f"held{i}", deadline=299 * 0.05 + 4.0, input_len=200, ub=300))
+            _running(table, f"held{i}")
+        for i in range(queued):
+            table.add(deadline_request(f"queued{i}", deadline=600.0, input_len=200, ub=300))
+        table.add(_chat("chat"))
+        return table
+
+    short = batch_with_slack(queued=0)
+    assert len(plan_frame(short, 0.0, SPEED, JIT).preempt) == 1
+    long = batch_with_slack(queued=2)
+    assert len(plan_frame(long, 0.0, SPEED, JIT).preempt) == 0
+
+
 def test_a_stream_on_its_timeline_is_reserved_and_kept():
     table = RequestTable()
     table.add(_chat("on-time", arrival=0.0, ttft=1.0, tbt=0.06))  # 10 ms per token of margin only
@@ -263,3 +289,24 @@ def test_the_plan_says_what_it_reserved_for_the_replica_report():
     _running(streams, "ahead", generated=60)
     plan = plan_frame(streams, 0.95 + 60 * 0.05, SPEED, JIT)
     assert (plan.reservation.waiting, plan.reservation.yieldable) == (0, 3)
+
+
+def test_streams_on_time_for_their_first_token_are_reserved_in_due_order():
+    """Two chats about to miss their first token, one slot: the one due first takes it, though the later
+    one has the longer length bound (more goodput at stake, so the higher density). By density alone the
+    later arrival overtook the earlier, which then passed its TTFT and its waiting_time unstarted."""
+    table = RequestTable()
+    for i in range(3):
+        table.add(deadline_request(f"held{i}", deadline=600.0, input_len=0, ub=10))
+        _running(table, f"held{i}")
+    slo = SLO.latency(ttft=1.0, tbt=0.1, waiting_time=5.0)
+    table.add(NewRequest("early", slo, arrival=0.0, input_len=100, max_tokens=200, len_ub=20))
+    table.add(NewRequest("late", slo, arrival=0.3, input_len=100, max_tokens=200, len_ub=200))
+    plan = plan_frame(table, 0.4, SPEED, replace(JIT, preemption="never"))
+    assert table.ids(plan.order)[:2] == ["early", "late"]
+    assert "early" in table.ids(plan.batch) and "late" not in table.ids(plan.batch)
+    # a chat already past its first token's due time keeps density's place: due order is for the on-time
+    late_table = RequestTable()
+    late_table.add(NewRequest("missed", slo, arrival=-5.0, input_len=100, max_tokens=200, len_ub=20))
+    late_table.add(NewRequest("fresh", slo, arrival=0.3, input_len=100, max_tokens=200, len_ub=200))
+    assert late_table.ids(plan_frame(late_table, 0.4, SPEED, JIT).order)[0] == "fresh"

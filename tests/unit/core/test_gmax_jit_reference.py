@@ -83,6 +83,12 @@ def _reference(table, now, speed, params, tenant_fair=None):
 
     urgent_pos = np.flatnonzero(urgent)
     urgent_pos = _by(margin / np.minimum(an.t_gen, horizon), urgent_pos)
+    # streams on time for their first token take their places in due order (docs/decisions/core.md)
+    new_on_time = (slo == LATENCY) & (table.generated[slots] == 0)
+    new_on_time &= ~_first_token_due_missed(table, speed, slots, now)
+    places = [i for i, p in enumerate(urgent_pos) if new_on_time[p]]
+    due = table.arrival[slots] + table.ttft[slots]
+    urgent_pos[places] = sorted(urgent_pos[places], key=lambda p: due[p])
     slack_pos = np.flatnonzero(slack)
     room = max(B - urgent_pos.size, 0)
     group = slack_pos[:0]
@@ -115,7 +121,10 @@ def _reference(table, now, speed, params, tenant_fair=None):
         wait = np.concatenate([wait, np.full(pairs - wait.size, horizon)])
         stake = np.sort(_margin(table, now, speed, params, slots[incoming], value_now[incoming], wait))[::-1]
         stall = stall_seconds(table, slots[yielders], speed, params.preemption)
-        own = _margin(table, now, speed, params, slots[yielders], value_now[yielders], horizon + stall)
+        # back in the queue, a victim waits behind everyone else for one of B slots, at least a frame
+        behind = max(slots.size - 1 - B + 1, 0)
+        victim_wait = max(behind * an.t_gen.mean() / B, horizon)
+        own = _margin(table, now, speed, params, slots[yielders], value_now[yielders], victim_wait + stall)
         few = np.lexsort((stall, own))[:pairs]
         yielders, stall, own = yielders[few], stall[few], own[few]
         longest = float(stall.max())
