@@ -205,6 +205,20 @@ def prometheus_text(state: EngineState | None, now: float) -> bytes:
                 ("jitserve_engine_kv_usage_ratio", "fraction of KV cache blocks in use", s.kv_usage),
                 ("jitserve_engine_cutoff_ratio", "GMAX cutoff p", s.cutoff),
             ]
+            if s.reserved_waiting is not None and s.yieldable is not None:
+                # only a policy that reserves (just-in-time GMAX) reports these; absent, not 0, otherwise
+                gauges += [
+                    (
+                        "jitserve_engine_reserved_waiting_requests",
+                        "requests that cannot wait a frame and have no batch slot yet",
+                        s.reserved_waiting,
+                    ),
+                    (
+                        "jitserve_engine_yieldable_requests",
+                        "requests in the batch that can wait a frame (not reserved, not streams)",
+                        s.yieldable,
+                    ),
+                ]
             for name, doc, value in gauges:
                 g = GaugeMetricFamily(name, doc)
                 g.add_metric([], float(value))

@@ -160,6 +160,8 @@ def _engine_metrics() -> list[tuple[str, str, str, str]]:
         "updated_at": now,
         "policy": "jitserve",
         "frame_steps": 50,
+        "reserved_waiting": 0,  # reported by just-in-time GMAX only: rendered so that its gauges are listed
+        "yieldable": 0,
     }
     # One class, so that the per-class families render with their labels.
     state = EngineState(**fields, goodput={"latency": ClassGoodput()}, totals={"latency": ClassTotalsModel()})

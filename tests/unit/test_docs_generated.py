@@ -1,4 +1,5 @@
-"""docs/configuration.md is generated (python -m jitserve.local.docgen configuration) and up to date."""
+"""docs/configuration.md and docs/metrics.md are generated (`python -m jitserve.local.docgen
+configuration|metrics`) and up to date."""
 
 from __future__ import annotations
 
@@ -40,3 +41,9 @@ def test_each_commands_options_are_in_its_own_section_with_their_variables() -> 
     # the engine-core process's variables (internal) are listed too
     text = docgen.configuration()
     assert "JITSERVE_FRAME_STEPS" in text and "JITSERVE_MODEL_NAME" in text
+
+
+def test_metrics_md_is_regenerated() -> None:
+    regenerate = "python -m jitserve.local.docgen metrics > docs/metrics.md"
+    metrics_doc = DOC.with_name("metrics.md")
+    assert metrics_doc.read_text() == docgen.metrics(), f"docs/metrics.md is stale: {regenerate}"

@@ -362,6 +362,12 @@ def test_prometheus_text_names_and_labels() -> None:
     assert "jitserve_engine_dropped_requests_total 4.0" in text
     assert "jitserve_engine_state_age_seconds 2.0" in text
     assert "jitserve_engine_up 0.0" in prometheus_text(None, now=0).decode()
+    # what just-in-time GMAX reserved: exported when the policy reports it, absent (not 0) otherwise
+    assert "reserved_waiting" not in text and "yieldable" not in text
+    reserving = _state(reserved_waiting=3, yieldable=1)
+    text = prometheus_text(reserving, now=reserving.updated_at).decode()
+    assert "jitserve_engine_reserved_waiting_requests 3.0" in text
+    assert "jitserve_engine_yieldable_requests 1.0" in text
 
 
 def test_state_file_round_trip(tmp_path: Path) -> None:
