@@ -492,20 +492,6 @@ def margin_goodput(
     return _margin(work, now, now + delay, value_now, droppable, table.waiting_deadline[slots])
 
 
-def requests_ahead(running: int, waiting: int, batch_size: int) -> int:
-    """Requests a newcomer waits behind for a slot: those beyond the batch, plus the one whose slot it
-    takes. 0 while a slot is free."""
-    return max(running + waiting - batch_size + 1, 0)
-
-
-def queue_delay(t_gen: np.ndarray, others: int, batch_size: int) -> float:
-    """Expected wait for a batch slot behind `others` requests (running or waiting): a slot turn (their
-    mean t_gen spread over B slots) per request ahead. What a replica reports to placement
-    (`replica_load`), and what a request preempted into the queue waits (`_jit_preemptions`)."""
-    ahead = requests_ahead(others, 0, batch_size)
-    return ahead * float(t_gen.mean()) / batch_size if ahead and t_gen.size else 0.0
-
-
 def _first_token_lateness(work: _Work, now: float) -> np.ndarray:
     """Per latency row: how late its first token would be if served from `now` (negative: early);
     -inf for a stream that already has one (no first token left to miss)."""
@@ -704,17 +690,14 @@ def _jit_preemptions(
     first); preempt while what the arrival saves beats what the victim and the batch lose.
 
     An arrival's stake is its margin over the time until a slot frees by itself (the j-th earliest
-    running finish, at most a frame). A victim loses its margin over the wait of a queued request
-    behind the others (`queue_delay`, at least a frame) plus its restore stall: back in the queue it
-    competes for a slot like any of them (docs/decisions/core.md, "How long a victim waits"). Every
-    request left running loses its margin over that stall. `lost(pos, delay)` is the margin of the
-    slots at `pos` over `delay` (positions here index the analyzed slots).
+    running finish, at most a frame). A victim loses its margin over a frame plus its restore stall;
+    every request left running loses its margin over that stall. `lost(pos, delay)` is the margin of
+    the slots at `pos` over `delay` (positions here index the analyzed slots).
     """
     pairs = min(incoming.size, yielders.size, _MAX_PAIRS)
     if pairs == 0:
         return yielders[:0]
     horizon = params.frame_steps * speed.step_time
-    victim_wait = max(queue_delay(an.t_gen, slots.size - 1, params.batch_size), horizon)
     incoming = incoming[:pairs]  # the most urgent first (reservation order): at most `pairs` pair up
     running_pos = running.nonzero()[0]
     t_gen_running = np.sort(an.t_gen[running_pos])
@@ -723,7 +706,7 @@ def _jit_preemptions(
         natural_wait = np.concatenate([natural_wait, np.full(incoming.size - natural_wait.size, horizon)])
     stall = stall_seconds(table, slots[yielders], speed, params.preemption)
     # the arrivals' stakes and the victims' own losses in one pass (rows are priced independently)
-    losses = lost(np.concatenate([incoming, yielders]), np.concatenate([natural_wait, victim_wait + stall]))
+    losses = lost(np.concatenate([incoming, yielders]), np.concatenate([natural_wait, horizon + stall]))
     stake, victim_loss = losses[: incoming.size], losses[incoming.size :]
     incoming, stake = incoming[np.argsort(-stake, kind="stable")], np.sort(stake)[::-1]
 

@@ -25,7 +25,7 @@ from enum import StrEnum
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from jitserve.scheduler.gmax import Analysis, EngineSpeed, GMAXParams, analyze, queue_delay, requests_ahead
+from jitserve.scheduler.gmax import Analysis, EngineSpeed, GMAXParams, analyze
 from jitserve.scheduler.requests import NewRequest, RequestTable
 
 _TIE_TOLERANCE = 0.02  # priorities within 2% are a tie: the speed estimates are not that precise
@@ -112,6 +112,12 @@ class ReplicaState(BaseModel):
         return self.queue_delay_s / ahead if ahead and self.queue_delay_s > 0 else None
 
 
+def requests_ahead(running: int, waiting: int, batch_size: int) -> int:
+    """Requests a newcomer waits behind for a slot: those beyond the batch, plus the one whose slot it
+    takes. 0 while a slot is free. `replica_load`'s queue delay is this many slot turns."""
+    return max(running + waiting - batch_size + 1, 0)
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaLoad:
     """The queue-dependent part of a replica's report (`ReplicaState`)."""
@@ -141,7 +147,8 @@ def replica_load(
             pri = np.sort(an.priority[an.feasible])[::-1]
             if pri.size >= batch_size:
                 admission = cutoff * float(pri[batch_size - 1])
-            delay = queue_delay(an.t_gen, running + waiting, batch_size)
+            # Queued work ahead of a newcomer, spread over B slots: its expected wait.
+            delay = requests_ahead(running, waiting, batch_size) * float(an.t_gen.mean()) / batch_size
     return ReplicaLoad(committed, max(admission, 0.0), delay)
 
 

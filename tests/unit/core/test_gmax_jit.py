@@ -145,30 +145,6 @@ def test_a_stream_with_slack_yields_to_one_about_to_miss_its_first_token():
     assert "new" in table.ids(plan.batch)
 
 
-def test_a_victim_is_priced_over_its_wait_in_the_queue_not_one_frame():
-    """A preempted request goes back to the queue and waits for a slot behind the others (a slot turn,
-    mean t_gen / B, per request ahead), not one frame. Running work with 4 s of slack can yield to a
-    chat about to miss its first token while the queue is short (its wait: one turn, ~3.6 s with the
-    restore); behind two more queued requests it would wait ~11 s and miss its deadline, which costs
-    more than the chat saves. Priced over a frame (2.5 s), it yields in both cases."""
-
-    def batch_with_slack(queued: int) -> RequestTable:
-        table = RequestTable()
-        for i in range(4):
-            # slack 4 s: its remaining 299 tokens take 14.95 s
-            table.add(deadline_request(f"held{i}", deadline=299 * 0.05 + 4.0, input_len=200, ub=300))
-            _running(table, f"held{i}")
-        for i in range(queued):
-            table.add(deadline_request(f"queued{i}", deadline=600.0, input_len=200, ub=300))
-        table.add(_chat("chat"))
-        return table
-
-    short = batch_with_slack(queued=0)
-    assert len(plan_frame(short, 0.0, SPEED, JIT).preempt) == 1
-    long = batch_with_slack(queued=2)
-    assert len(plan_frame(long, 0.0, SPEED, JIT).preempt) == 0
-
-
 def test_a_stream_on_its_timeline_is_reserved_and_kept():
     table = RequestTable()
     table.add(_chat("on-time", arrival=0.0, ttft=1.0, tbt=0.06))  # 10 ms per token of margin only

@@ -121,10 +121,7 @@ def _reference(table, now, speed, params, tenant_fair=None):
         wait = np.concatenate([wait, np.full(pairs - wait.size, horizon)])
         stake = np.sort(_margin(table, now, speed, params, slots[incoming], value_now[incoming], wait))[::-1]
         stall = stall_seconds(table, slots[yielders], speed, params.preemption)
-        # back in the queue, a victim waits behind everyone else for one of B slots, at least a frame
-        behind = max(slots.size - 1 - B + 1, 0)
-        victim_wait = max(behind * an.t_gen.mean() / B, horizon)
-        own = _margin(table, now, speed, params, slots[yielders], value_now[yielders], victim_wait + stall)
+        own = _margin(table, now, speed, params, slots[yielders], value_now[yielders], horizon + stall)
         few = np.lexsort((stall, own))[:pairs]
         yielders, stall, own = yielders[few], stall[few], own[few]
         longest = float(stall.max())
