@@ -129,7 +129,10 @@ def test_best_effort_is_never_dropped_for_waiting():
     assert table.ids(plan_frame(table, 10.0, SPEED, JIT).drop) == ["d"]
 
 
-def test_a_stream_with_slack_yields_to_one_about_to_miss_its_first_token():
+def test_a_stream_ahead_of_its_timeline_keeps_its_slot():
+    """Pausing a running stream costs it its place on its timeline and a re-prefill; on real engines
+    preempting streams for first tokens cost throughput and client timeouts (docs/decisions/core.md,
+    "Streams keep their slots"). A deadline request that can wait a frame still yields."""
     table = RequestTable()
     _full_batch_of_loose_deadlines(table, n=3)
     # a stream 60 tokens in at 50 ms/token against a 100 ms TBT: 3 s ahead of its timeline
@@ -141,7 +144,12 @@ def test_a_stream_with_slack_yields_to_one_about_to_miss_its_first_token():
         table.deadline_abs[table.slot(f"loose{i}")] = now + 300 * 0.05 + 0.5
     table.add(_chat("new", arrival=now))
     plan = plan_frame(table, now, SPEED, JIT)
-    assert table.ids(plan.preempt) == ["ahead"]
+    assert plan.preempt.size == 0
+    assert "new" not in table.ids(plan.batch) and "ahead" in table.ids(plan.batch)
+    # give one deadline request a frame of slack: it yields to the new chat instead
+    table.deadline_abs[table.slot("loose0")] = now + 300 * 0.05 + 60.0
+    plan = plan_frame(table, now, SPEED, JIT)
+    assert table.ids(plan.preempt) == ["loose0"]
     assert "new" in table.ids(plan.batch)
 
 

@@ -112,7 +112,8 @@ def _reference(table, now, speed, params, tenant_fair=None):
     free = max(B - running_pos.size, 0)
     incoming = reserved[~running[reserved]]
     victims = incoming[:0]
-    yielders = np.setdiff1d(running_pos, reserved)
+    # streams keep their slots: only running deadline, compound and best-effort work can yield
+    yielders = np.setdiff1d(running_pos[slo[running_pos] != LATENCY], reserved)
     if params.preemption != "never" and incoming.size > free and yielders.size:
         incoming = incoming[free:]
         pairs = min(incoming.size, yielders.size, _MAX_PAIRS)
