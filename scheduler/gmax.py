@@ -545,7 +545,8 @@ def _plan_jit(
     2. Fill: requests with slack by Algorithm 1 (priority, cutoff, length window) in the slots left.
     3. Best-effort work takes what no SLO needs; it joins step 2 only as its default deadline nears.
     Only a reserved request may preempt, and only a running one that can wait (not reserved) and is not
-    a stream, when the goodput it saves beats what the victim and the stalled batch lose.
+    a stream unless the engine swaps, when the goodput it saves beats what the victim and the stalled
+    batch lose.
     """
     B = params.batch_size  # noqa: N806 (the paper's name)
     horizon = params.frame_steps * speed.step_time
@@ -626,10 +627,11 @@ def _plan_jit(
     if params.preemption != "never" and incoming.size > free:
         in_reserved = np.zeros(slots.size, dtype=bool)
         in_reserved[reserved] = True
-        # A running stream is no victim: pausing it loses its place on its token timeline and costs a
-        # re-prefill; on real engines that traded throughput for first tokens (docs/decisions/core.md,
-        # "Streams keep their slots"). The replica report counts none as yieldable either.
-        yielders = (running & ~in_reserved & ~work.is_latency).nonzero()[0]
+        # A running stream yields only where its KV cache survives the pause (swap): recomputed, it
+        # re-prefills everything and falls off its timeline, which on real vLLM V1 engines traded
+        # throughput for first tokens (docs/decisions/core.md, "Streams keep their slots").
+        streams_yield = params.preemption in ("swap", "auto")
+        yielders = (running & ~in_reserved & (streams_yield | ~work.is_latency)).nonzero()[0]
         if yielders.size:
             preempt_pos = _jit_preemptions(
                 table, now, speed, params, slots, an, running, lost, margin, incoming[free:], yielders

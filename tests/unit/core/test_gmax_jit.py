@@ -130,9 +130,10 @@ def test_best_effort_is_never_dropped_for_waiting():
 
 
 def test_a_stream_ahead_of_its_timeline_keeps_its_slot():
-    """Pausing a running stream costs it its place on its timeline and a re-prefill; on real engines
-    preempting streams for first tokens cost throughput and client timeouts (docs/decisions/core.md,
-    "Streams keep their slots"). A deadline request that can wait a frame still yields."""
+    """Recomputed, a paused stream loses its place on its timeline and re-prefills everything; on real
+    engines preempting streams for first tokens cost throughput and client timeouts (docs/decisions/
+    core.md, "Streams keep their slots"). With swap it yields; a deadline request that can wait a frame
+    yields either way."""
     table = RequestTable()
     _full_batch_of_loose_deadlines(table, n=3)
     # a stream 60 tokens in at 50 ms/token against a 100 ms TBT: 3 s ahead of its timeline
@@ -143,9 +144,11 @@ def test_a_stream_ahead_of_its_timeline_keeps_its_slot():
     for i in range(3):
         table.deadline_abs[table.slot(f"loose{i}")] = now + 300 * 0.05 + 0.5
     table.add(_chat("new", arrival=now))
-    plan = plan_frame(table, now, SPEED, JIT)
+    plan = plan_frame(table, now, SPEED, JIT)  # recompute, as vLLM V1 preempts
     assert plan.preempt.size == 0
     assert "new" not in table.ids(plan.batch) and "ahead" in table.ids(plan.batch)
+    # where the KV cache survives the pause (swap), the stream ahead yields its slot
+    assert table.ids(plan_frame(table, now, SPEED, replace(JIT, preemption="swap")).preempt) == ["ahead"]
     # give one deadline request a frame of slack: it yields to the new chat instead
     table.deadline_abs[table.slot("loose0")] = now + 300 * 0.05 + 60.0
     plan = plan_frame(table, now, SPEED, JIT)

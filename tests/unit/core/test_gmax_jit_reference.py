@@ -112,8 +112,10 @@ def _reference(table, now, speed, params, tenant_fair=None):
     free = max(B - running_pos.size, 0)
     incoming = reserved[~running[reserved]]
     victims = incoming[:0]
-    # streams keep their slots: only running deadline, compound and best-effort work can yield
-    yielders = np.setdiff1d(running_pos[slo[running_pos] != LATENCY], reserved)
+    # streams keep their slots unless the engine swaps: otherwise only deadline-type work can yield
+    swaps = params.preemption in ("swap", "auto")
+    can_yield = running_pos if swaps else running_pos[slo[running_pos] != LATENCY]
+    yielders = np.setdiff1d(can_yield, reserved)
     if params.preemption != "never" and incoming.size > free and yielders.size:
         incoming = incoming[free:]
         pairs = min(incoming.size, yielders.size, _MAX_PAIRS)
