@@ -294,6 +294,10 @@ def test_streams_on_time_for_their_first_token_are_reserved_in_due_order():
     assert "early" in table.ids(plan.batch) and "late" not in table.ids(plan.batch)
     # a chat already past its first token's due time keeps density's place: due order is for the on-time
     late_table = RequestTable()
-    late_table.add(NewRequest("missed", slo, arrival=-5.0, input_len=100, max_tokens=200, len_ub=20))
+    # 5 s late, not dropped yet, and still feasible: from token 90 on it is back on its timeline
+    patient = SLO.latency(ttft=1.0, tbt=0.1, waiting_time=30.0)
+    late_table.add(NewRequest("missed", patient, arrival=-5.0, input_len=100, max_tokens=200, len_ub=200))
     late_table.add(NewRequest("fresh", slo, arrival=0.3, input_len=100, max_tokens=200, len_ub=200))
-    assert late_table.ids(plan_frame(late_table, 0.4, SPEED, JIT).order)[0] == "fresh"
+    late_plan = plan_frame(late_table, 0.4, SPEED, JIT)
+    assert late_plan.analysis is not None and late_plan.analysis.feasible.all()  # both are candidates
+    assert late_table.ids(late_plan.order) == ["fresh", "missed"]
