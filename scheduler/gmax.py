@@ -663,13 +663,12 @@ def _first_tokens_by_due(
     if urgent_pos.size < 2 or not work.lat.size:
         return urgent_pos
     on_time = np.zeros(slots.size, dtype=bool)
-    on_time[work.lat] = _first_token_lateness(work, now) <= 1e-9  # -inf: a stream with a token already
-    on_time[work.lat[work.lat_generated > 0]] = False
+    on_time[work.lat] = (work.lat_generated == 0) & (_first_token_lateness(work, now) <= 1e-9)
     places = np.flatnonzero(on_time[urgent_pos])
     if places.size < 2:
         return urgent_pos
     members = urgent_pos[places]
-    due = table.arrival[slots[members]] + table.ttft[slots[members]]
+    due = table.arrival[slots[members]] + table.ttft[slots[members]]  # when each first token is due
     reordered = urgent_pos.copy()
     reordered[places] = members[np.argsort(due, kind="stable")]
     return reordered
