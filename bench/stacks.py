@@ -16,8 +16,12 @@ Stacks, each with 2 engines (`jitserve engine`, as `jitserve up` starts them) se
 
 Engines stay up for the whole matrix: one stock-FCFS set (a-rr, a-ca and c take turns on it), one
 stock-priority set, one JITServe set, each on its own ports, every set's engine i on core i; only the
-set under test gets load. Before each run the set's prefix caches are reset (the same trace would hit
-the previous stack's cache) and the set is idle. The JITServe engines and our router keep what they
+set under test gets load, and the others are frozen (SIGSTOP, with the routers in front of them;
+`--no-freeze-idle` keeps them running) so that each stack has the machine to itself, as in production.
+In run 7 (sets left running) the JITServe set met 29% of the latency mix's chats at 1.5x; the same
+tree alone, on the traces of two of those seeds, met 62%. Each run records every set's CPU use
+(`set_cpu`, cores). Before each run the set's prefix caches are reset (the same trace would hit the
+previous stack's cache) and the set is idle. The JITServe engines and our router keep what they
 learned online (output lengths) across runs, as they do for users.
 
 Workload (`jitserve demo`'s prompts, lengths and SLO classes; `--mixes`):
@@ -65,6 +69,7 @@ import random
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -79,6 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CLASSES = ("latency", "deadline", "compound", "best-effort")
 DEADLINE_TYPES = ("deadline", "compound", "best-effort")
+THAW_SETTLE_S = 2.0  # after thawing a set: its routers poll their engines again (every 0.25-0.5 s)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -639,7 +645,60 @@ class Fleet:
     def all_engine_urls(self) -> list[str]:
         return [u for st in self.sets.values() for u in st.engine_urls]
 
+    def set_components(self, policy: str) -> list[Any]:
+        """An engine set's processes with the routers in front of it (frozen and thawed together: a
+        router that kept running while its engines were frozen would mark them down)."""
+        vr = [
+            c
+            for key, c in self.routers.items()
+            if isinstance(c, self.up.Component) and self._spec(key).engines == policy
+        ]
+        return vr + list(self.sets[policy].components)
+
+    def _spec(self, key: str) -> StackSpec:
+        return next(s for s in self.specs if s.key == key)
+
+    def thaw_all(self) -> None:
+        for policy in self.sets:
+            self._signal(policy, signal.SIGCONT)
+
+    def freeze_others(self, spec: StackSpec) -> None:
+        """SIGSTOP every engine set (and its routers) but the one under test, so idle sets take no CPU
+        from it: the run measures the stack as it runs in production, alone on its machine."""
+        for policy in self.sets:
+            if policy != spec.engines:
+                self._signal(policy, signal.SIGSTOP)
+
+    def _signal(self, policy: str, sig: signal.Signals) -> None:
+        for c in self.set_components(policy):
+            if c.popen is not None and c.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(c.popen.pid, sig)  # each component leads its own process group
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time used so far by each engine set and its routers, every process of their groups."""
+        import psutil
+
+        out: dict[str, float] = {}
+        for policy in self.sets:
+            total = 0.0
+            for c in self.set_components(policy):
+                if c.popen is None:
+                    continue
+                try:
+                    procs = [psutil.Process(c.popen.pid)]
+                    procs += procs[0].children(recursive=True)
+                except psutil.NoSuchProcess:
+                    continue
+                for proc in procs:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        t = proc.cpu_times()
+                        total += t.user + t.system
+            out[policy] = total
+        return out
+
     def stop(self) -> None:
+        self.thaw_all()  # a stopped process cannot act on SIGTERM
         self.up.stop_components(self.components())
 
 
@@ -1063,6 +1122,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--calibration-s", type=float, default=20.0, help="saturation measurement window, seconds (20)"
     )
     p.add_argument(
+        "--freeze-idle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="SIGSTOP the engine sets not under test (and their routers) during each run, so they take no "
+        "CPU from it (on; each run records every set's CPU use in `set_cpu`)",
+    )
+    p.add_argument(
         "--b-router-policy", default="round_robin", help="vllm-router policy of stack (b) (round_robin)"
     )
     p.add_argument("--vllm-router", default=None, help="vllm-router binary (default: from PATH or the venv)")
@@ -1121,10 +1187,17 @@ def _one_run(
     """Replay one trace on one stack: its set idle and its prefix caches reset first; scored."""
     seed, m, load = cell
     mix, shape, duration = MIXES[m], plan["shape"], plan["duration"]
+    fleet.thaw_all()
     left, waited = prepare(fleet.all_engine_urls())
+    if plan["freeze_idle"]:
+        fleet.freeze_others(spec)
+        time.sleep(THAW_SETTLE_S)
+    cpu0 = fleet.cpu_seconds()
     t = time.monotonic()
     tag = f"s{seed}-{m}-{load:g}-{spec.key}"
     outs = asyncio.run(run_trace(fleet.urls[spec.key], model, jobs, spec, mix, shape, duration, tag, stop))
+    wall = time.monotonic() - t
+    cpu1 = fleet.cpu_seconds()
     summ = run_summary(score_run(outs, mix, shape, duration), duration)
     rec = {
         "seed": seed,
@@ -1132,8 +1205,11 @@ def _one_run(
         "load": load,
         "stack": spec.key,
         "jobs": len(jobs),
-        "wall_s": round(time.monotonic() - t, 1),
+        "wall_s": round(wall, 1),
         "idle_wait_s": round(waited, 1),
+        # cores used during the run by each engine set with its routers: the set under test, and what
+        # the idle ones took from it (0 when frozen)
+        "set_cpu": {k: round((cpu1[k] - cpu0.get(k, 0.0)) / wall, 3) for k in cpu1},
         "left_over_before": left,
         "loadavg": round(os.getloadavg()[0], 2),
         "classes": summ,
@@ -1291,7 +1367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fleet.shape_frames(data["frame_steps"])
             for s in fleet.start(_say, [p for p in fleet.sets if p not in first]):
                 asyncio.run(_warm(fleet.urls[s.key], model.name))
-            plan = {"shape": shape, "duration": args.duration}
+            plan = {"shape": shape, "duration": args.duration, "freeze_idle": args.freeze_idle}
             with tqdm(total=total_runs, unit="run", disable=not sys.stderr.isatty()) as bar:
                 for n, (seed, m, load) in enumerate(cells):
                     jobs = make_jobs(MIXES[m], data["rates"][m][str(load)], args.duration, seed, shape)

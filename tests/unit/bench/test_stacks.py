@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from bench import stacks
@@ -132,3 +134,49 @@ def test_the_frame_is_shortened_like_the_jobs():
     assert stacks.Shape(5.08, 1 / 5.08, 1 / 3).frame_steps() == 10
     assert stacks.Shape().frame_steps() == 50
     assert stacks.Shape(200.0, 1 / 200.0).frame_steps() == 1
+
+
+def test_idle_engine_sets_are_frozen_with_their_routers_and_thawed_for_their_turn(tmp_path) -> None:
+    """Real child processes (`sleep`, each in its own process group with a child of its own, as an
+    engine's API server has its engine core): the sets not under test and the routers in front of
+    them stop; the set under test and its router keep running; thawing resumes every process."""
+    import types
+
+    import psutil
+
+    from jitserve.local import up
+
+    def comp(name: str) -> up.Component:
+        c = up.Component(name, ["sh", "-c", "sleep 60 & sleep 60; wait"], tmp_path / f"{name}.log")
+        c.start()
+        return c
+
+    specs = stacks.stack_specs("round_robin")
+    fleet = stacks.Fleet.__new__(stacks.Fleet)
+    fleet.up, fleet.specs = up, [specs["a-rr"], specs["d"]]
+    stock, jit, vr = comp("stock-engine"), comp("jit-engine"), comp("vllm-router-a-rr")
+    fleet.sets = {
+        "vllm": types.SimpleNamespace(components=[stock]),
+        "jitserve": types.SimpleNamespace(components=[jit]),
+    }
+    fleet.routers = {"a-rr": vr}
+
+    def states(c: up.Component) -> set[str]:
+        proc = psutil.Process(c.popen.pid)
+        for _ in range(50):  # the shell's children appear a moment after it starts
+            procs = [proc, *proc.children(recursive=True)]
+            if len(procs) == 3:
+                break
+            time.sleep(0.05)
+        return {p.status() for p in procs}
+
+    try:
+        fleet.freeze_others(specs["d"])
+        assert states(stock) == states(vr) == {psutil.STATUS_STOPPED}
+        assert psutil.STATUS_STOPPED not in states(jit)
+        assert set(fleet.cpu_seconds()) == {"vllm", "jitserve"}
+        fleet.thaw_all()
+        assert all(psutil.STATUS_STOPPED not in states(c) for c in (stock, jit, vr))
+    finally:
+        fleet.stop()
+    assert not any(c.alive() for c in (stock, jit, vr))
