@@ -20,9 +20,11 @@ set under test gets load, and the others are frozen (SIGSTOP, with the routers i
 `--no-freeze-idle` keeps them running) so that each stack has the machine to itself, as in production.
 In run 7 (sets left running) the JITServe set met 29% of the latency mix's chats at 1.5x; the same
 tree alone, on the traces of two of those seeds, met 62%. Each run records every set's CPU use
-(`set_cpu`, cores). Before each run the set's prefix caches are reset (the same trace would hit the
-previous stack's cache) and the set is idle. The JITServe engines and our router keep what they
-learned online (output lengths) across runs, as they do for users.
+(`set_cpu`, cores). A benchmark killed with SIGKILL leaves a frozen set stopped (the SIGTERM its
+children get when it dies waits for a SIGCONT: `pkill -CONT -f vllm`). Before each run the set's
+prefix caches are reset (the same trace would hit the previous stack's cache) and the set is idle.
+The JITServe engines and our router keep what they learned online (output lengths) across runs, as
+they do for users.
 
 Workload (`jitserve demo`'s prompts, lengths and SLO classes; `--mixes`):
 - paper:   latency : deadline : compound 1:1:1 (the demo's trace);
