@@ -112,6 +112,21 @@ def test_checks_pass_and_fail_per_cell() -> None:
     assert "**FAIL**" in text and "PASS" in text
 
 
+def test_at_stock_saturation_only_the_class_and_throughput_goals_are_judged() -> None:
+    def run(stack: str, goodput: float, throughput: float) -> dict:
+        cls = {"jobs": 2, "met": 1, "goodput": goodput, "throughput": throughput}
+        return {"mix": "latency", "load": 1.0, "stack": stack, "seed": 0,
+                "classes": {"latency": cls, "total": cls}}  # fmt: skip
+
+    data = {"mixes": ["latency"], "runs": [run("d", 100, 9.0), run("a-rr", 100, 10.0)]}
+    text, rows = stacks.checks(data)
+    (row,) = rows
+    assert (row["load"], row["base"], row["total_goal"]) == (1.0, "a-rr", None)
+    assert row["total"] == pytest.approx(1.0) and row["throughput"] == pytest.approx(0.9)
+    line = text.splitlines()[-1]
+    assert "(no goal)" in line and line.rstrip(" |").endswith("**FAIL**")  # 0.90x < 0.98x throughput
+
+
 def test_compare_sums_one_stack_over_the_seeds_every_run_has() -> None:
     def run(stack: str, seed: int, goodput: float, met: int, dropped: int = 0) -> dict:
         cls = {"jobs": 4, "met": met, "goodput": goodput, "rejected": 1, "dropped": dropped, "timeouts": 0}
