@@ -93,6 +93,18 @@ def test_scoring_counts_decided_jobs_only() -> None:
     assert summary["total"]["throughput"] == pytest.approx((10 + 10 + 5) / 10.0)
 
 
+def test_a_scored_job_the_client_never_sent_is_unfinished_not_a_crash() -> None:
+    """The client's event loop can wake past the cutoff for a job that arrived before it (run 10): the
+    job has no calls. It is scored, not met, and counted unfinished, never a rejection or a drop."""
+    mix = stacks.MIXES["latency"]
+    call = demo.Call("a b c", 10)
+    unsent = demo.Job(0, "latency", 1.0, (call,))
+    runs = stacks.score_run([stacks.JobOut(unsent)], mix, stacks.Shape(), cutoff_s=10.0)
+    r = runs["latency"]
+    assert (r.jobs, r.met, r.goodput, r.unfinished, r.rejected, r.dropped) == (1, 0, 0, 1, 0, 0)
+    assert r.possible > 0
+
+
 def test_checks_pass_and_fail_per_cell() -> None:
     def run(stack: str, seed: int, lat: float, met: int) -> dict:
         cls = {"jobs": 2, "met": met, "goodput": lat, "throughput": 10.0}
@@ -176,22 +188,34 @@ def test_idle_engine_sets_are_frozen_with_their_routers_and_thawed_for_their_tur
     }
     fleet.routers = {"a-rr": vr}
 
-    def states(c: up.Component) -> set[str]:
-        proc = psutil.Process(c.popen.pid)
-        for _ in range(50):  # the shell's children appear a moment after it starts
-            procs = [proc, *proc.children(recursive=True)]
-            if len(procs) == 3:
+    def procs(c: up.Component) -> list[psutil.Process]:
+        leader = psutil.Process(c.popen.pid)
+        return [leader, *leader.children(recursive=True)]
+
+    def states(c: up.Component, want: set[str] | None = None) -> set[str]:
+        """The statuses of a component's processes, once they are `want` (signals land asynchronously)
+        or after 5 s of polling."""
+        for _ in range(100):
+            got = {p.status() for p in procs(c)}
+            if want is None or got == want:
                 break
             time.sleep(0.05)
-        return {p.status() for p in procs}
+        return got
 
+    for c in (stock, jit, vr):  # the shell and both its children exist before any signal
+        for _ in range(100):
+            if len(procs(c)) == 3:
+                break
+            time.sleep(0.05)
+        assert len(procs(c)) == 3
+    stopped = {psutil.STATUS_STOPPED}
     try:
         fleet.freeze_others(specs["d"])
-        assert states(stock) == states(vr) == {psutil.STATUS_STOPPED}
+        assert states(stock, stopped) == states(vr, stopped) == stopped
         assert psutil.STATUS_STOPPED not in states(jit)
         assert set(fleet.cpu_seconds()) == {"vllm", "jitserve"}
         fleet.thaw_all()
-        assert all(psutil.STATUS_STOPPED not in states(c) for c in (stock, jit, vr))
+        assert all(psutil.STATUS_STOPPED not in states(c, {psutil.STATUS_SLEEPING}) for c in (stock, jit, vr))
     finally:
         fleet.stop()
     assert not any(c.alive() for c in (stock, jit, vr))
