@@ -569,6 +569,7 @@ class Fleet:
         self.sets: dict[str, Any] = {}  # engine policy -> up.Stack (its router: ours, when a stack uses it)
         self.routers: dict[str, Any] = {}  # stack key -> Component (vllm-router) or the up.Stack
         self.urls: dict[str, str] = {}
+        self.frozen: set[str] = set()  # engine sets stopped by freeze_others()
         for policy in dict.fromkeys(s.engines for s in specs):
             cfg = up.StackConfig(
                 model=str(model),
@@ -670,9 +671,12 @@ class Fleet:
     def _spec(self, key: str) -> StackSpec:
         return next(s for s in self.specs if s.key == key)
 
-    def thaw_all(self) -> None:
-        for policy in self.sets:
+    def thaw_all(self) -> set[str]:
+        """SIGCONT the frozen sets; returns them."""
+        thawed, self.frozen = self.frozen, set()
+        for policy in thawed:
             self._signal(policy, signal.SIGCONT)
+        return thawed
 
     def freeze_others(self, spec: StackSpec) -> None:
         """SIGSTOP every engine set (and its routers) but the one under test, so idle sets take no CPU
@@ -680,12 +684,11 @@ class Fleet:
         for policy in self.sets:
             if policy != spec.engines:
                 self._signal(policy, signal.SIGSTOP)
+                self.frozen.add(policy)
 
     def _signal(self, policy: str, sig: signal.Signals) -> None:
         for c in self.set_components(policy):
-            if c.popen is not None and c.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(c.popen.pid, sig)  # each component leads its own process group
+            c.signal_group(sig)
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time used so far by each engine set and its routers, every process of their groups."""
@@ -1205,11 +1208,12 @@ def _one_run(
     """Replay one trace on one stack: its set idle and its prefix caches reset first; scored."""
     seed, m, load = cell
     mix, shape, duration = MIXES[m], plan["shape"], plan["duration"]
-    fleet.thaw_all()
+    thawed = fleet.thaw_all()
     left, waited = prepare(fleet.all_engine_urls())
     if plan["freeze_idle"]:
         fleet.freeze_others(spec)
-        time.sleep(THAW_SETTLE_S)
+    if spec.engines in thawed:
+        time.sleep(THAW_SETTLE_S)  # its routers saw no poll answered while it was frozen
     cpu0 = fleet.cpu_seconds()
     t = time.monotonic()
     tag = f"s{seed}-{m}-{load:g}-{spec.key}"

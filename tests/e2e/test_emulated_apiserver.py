@@ -5,6 +5,8 @@ discovery that never reads objects, and admission that reports schema and CEL er
 Each test cites the Kubernetes source (release 1.35: k8s.io/apiserver, k8s.io/apiextensions-apiserver,
 k8s.io/apimachinery and k8s.io/client-go at v0.35) or documentation page whose behaviour it checks.
 The server is this module's own (not the session's), so nothing else writes to it meanwhile.
+Why an emulator at all: no Kubernetes API server can run on this machine (no container runtime, no
+network); this module is what keeps the stand-in honest.
 """
 
 from __future__ import annotations

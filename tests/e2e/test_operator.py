@@ -3,6 +3,11 @@
 One operator (kopf, in this process) serves the whole module; each test uses its own pool and
 namespace so the tests do not depend on each other's order. Deployments report ready pods through
 the emulated Deployment controller (no pods run here).
+
+Why emulated: no Kubernetes API server can run on this machine (no container runtime for kind or k3s,
+no network for a cluster); tests/emulated is the API server's one stand-in, kept faithful to
+kube-apiserver 1.35 and tested as such in test_emulated_apiserver.py (docs/decisions/emulated-apiserver.md).
+Kopf, the kubernetes client, kubectl and the operator are all real.
 """
 
 from __future__ import annotations

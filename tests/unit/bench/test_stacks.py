@@ -187,6 +187,7 @@ def test_idle_engine_sets_are_frozen_with_their_routers_and_thawed_for_their_tur
         "jitserve": types.SimpleNamespace(components=[jit]),
     }
     fleet.routers = {"a-rr": vr}
+    fleet.frozen = set()
 
     def procs(c: up.Component) -> list[psutil.Process]:
         leader = psutil.Process(c.popen.pid)
@@ -214,7 +215,7 @@ def test_idle_engine_sets_are_frozen_with_their_routers_and_thawed_for_their_tur
         assert states(stock, stopped) == states(vr, stopped) == stopped
         assert psutil.STATUS_STOPPED not in states(jit)
         assert set(fleet.cpu_seconds()) == {"vllm", "jitserve"}
-        fleet.thaw_all()
+        assert fleet.thaw_all() == {"vllm"}
         assert all(psutil.STATUS_STOPPED not in states(c, {psutil.STATUS_SLEEPING}) for c in (stock, jit, vr))
     finally:
         fleet.stop()
