@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 
 import pytest
@@ -103,6 +105,95 @@ def test_a_scored_job_the_client_never_sent_is_unfinished_not_a_crash() -> None:
     r = runs["latency"]
     assert (r.jobs, r.met, r.goodput, r.unfinished, r.rejected, r.dropped) == (1, 0, 0, 1, 0, 0)
     assert r.possible > 0
+
+
+def test_best_effort_is_met_when_it_finishes_in_the_drain_but_throughput_stops_at_the_cutoff() -> None:
+    """Best-effort's SLO is its deadline (300 s), not the run's end: a job the stack deferred behind SLO
+    work and finished in the drain is met; only its tokens up to the cutoff count in throughput, and
+    `met_by_cutoff` keeps the older measure (finished by the cutoff)."""
+    mix = stacks.MIXES["chat"]
+    call = demo.Call("a b c", 4)
+    early = demo.Job(0, "best-effort", 0.0, (call,))
+    deferred = demo.Job(1, "best-effort", 0.0, (call,))
+    never = demo.Job(2, "best-effort", 0.0, (call,))
+    outs = [
+        _out(early, stacks.CallOut(0.0, [1.0, 2.0, 3.0, 4.0], 4, 5, finished=True)),
+        _out(deferred, stacks.CallOut(0.0, [9.0, 12.0, 13.0, 14.0], 4, 5, finished=True)),
+        _out(never, stacks.CallOut(0.0, [], None, 0, reason="cutoff")),
+    ]
+    shape = stacks.Shape(deadline_scale=0.1)  # the chat mix's 15 s deadline window -> 1.5 s
+    runs = stacks.score_run(outs, mix, shape, cutoff_s=10.0)
+    r = runs["best-effort"]
+    assert (r.jobs, r.met, r.met_by_cutoff, r.unfinished) == (3, 2, 1, 1)
+    assert r.goodput == 2 * (5 + 4)  # input and output tokens of each met job
+    assert r.tokens == 4 + 1  # delivered by the cutoff
+    assert stacks.run_summary(runs, 10.0)["best-effort"]["met_by_cutoff"] == 1
+
+
+async def _paced_chat_server(tokens: int, interval: float) -> asyncio.AbstractServer:
+    """An OpenAI-shaped streaming chat endpoint: `tokens` content chunks, one per `interval`, then usage."""
+
+    def event(doc: dict) -> bytes:
+        return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        fields = (h.split(b":") for h in head.split(b"\r\n"))
+        length = next(int(v[0]) for k, *v in fields if k.lower() == b"content-length")
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
+        base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+        try:
+            for i in range(tokens):
+                finish = "length" if i == tokens - 1 else None
+                delta = {"index": 0, "delta": {"content": " t"}, "finish_reason": finish}
+                writer.write(event({**base, "choices": [delta]}))
+                await writer.drain()
+                await asyncio.sleep(interval)
+            usage = {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}
+            writer.write(event({**base, "choices": [], "usage": usage}) + b"data: [DONE]\n\n")
+            await writer.drain()
+        except ConnectionError:
+            pass  # the client cancelled the stream
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("drain_s", [0.0, 60.0])
+def test_the_cutoff_cancels_everything_but_scored_best_effort_which_drains(drain_s: float) -> None:
+    """run_trace against a paced stub server (what is under test is the client's cutoff and drain; a
+    real engine's speed would make which call is mid-stream at the cutoff a matter of luck): at the
+    cutoff the chat is cancelled; the scored best-effort job streams on to its end within the drain, or
+    is cancelled with the rest when there is none. The run waits for the drained jobs, not the drain."""
+    mix = stacks.MIXES["chat"]
+    shape = stacks.Shape(deadline_scale=0.01)  # best-effort scored if it arrived 0.15 s before the cutoff
+    call = demo.Call("a b c", 8)
+    jobs = [demo.Job(0, "latency", 0.0, (call,)), demo.Job(1, "best-effort", 0.0, (call,))]
+
+    async def main() -> tuple[list[stacks.JobOut], float]:
+        server = await _paced_chat_server(tokens=8, interval=0.15)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            t = time.monotonic()
+            outs = await stacks.run_trace(
+                f"http://127.0.0.1:{port}", "m", jobs, stacks.StackSpec("x", "x", "vllm", "round_robin"), mix,
+                shape, 0.5, "t", None, drain_s,
+            )  # fmt: skip
+            return outs, time.monotonic() - t
+
+    outs, wall = asyncio.run(main())
+    chat, best_effort = (o.calls[0] for o in outs)
+    assert chat.reason == "cutoff" and not chat.finished and len(chat.token_times) < 8
+    if drain_s:
+        assert best_effort.finished and len(best_effort.token_times) == 8
+        assert best_effort.token_times[-1] > 0.5  # it finished in the drain
+        assert wall < drain_s  # the run ended when the drained job did
+        runs = stacks.score_run(outs, mix, shape, cutoff_s=0.5)
+        assert (runs["best-effort"].met, runs["best-effort"].met_by_cutoff) == (1, 0)
+    else:
+        assert best_effort.reason == "cutoff" and not best_effort.finished
 
 
 def test_checks_pass_and_fail_per_cell() -> None:
