@@ -829,6 +829,87 @@ async def measure_shaped(
     return max(counted, 1) / window_s
 
 
+async def measure_closed(
+    url: str,
+    model: str,
+    jobs: Sequence[Any],
+    mix: Mix,
+    shape: Shape,
+    spec: StackSpec,
+    concurrency: int,
+    warmup_s: float,
+    window_s: float,
+) -> tuple[float, int]:
+    """(output tokens/s, calls turned away) with every batch slot busy on the mix's own requests, each
+    sent with its class's SLO fields (and, for (b), its EDF key): throughput at saturation as each
+    stack schedules it. `concurrency` + a few clients each send the next call as soon as one ends;
+    a compound program's stages go as single calls of the deadline class with the program's deadline
+    (the closed loop has no programs). A call turned away (429, 503) is retried after 0.2 s, not at once."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300.0)
+    calls = [(j.slo_class, c) for j in jobs for c in j.calls]
+    t0 = time.monotonic()
+    start, end = t0 + warmup_s, t0 + warmup_s + window_s
+    outs: list[CallOut] = []
+    turned_away = 0
+
+    async def worker(k: int) -> None:
+        nonlocal turned_away
+        i = k
+        while time.monotonic() < end:
+            cls, call = calls[i % len(calls)]
+            i += concurrency + 2
+            slo, fields = slo_of(cls, 1, mix, shape)
+            body: dict[str, Any] = {"slo_class": "deadline" if cls == "compound" else cls, "ignore_eos": True}
+            body |= fields
+            out = CallOut(sent=time.monotonic() - t0)
+            if spec.edf_priority:
+                body["priority"] = edf_priority(out.sent, slo)
+            outs.append(out)
+            await _stream(client, model, call.prompt, call.max_tokens, body, out, t0)
+            if out.reason in ("rejected", "dropped"):
+                turned_away += int(start - t0 <= out.sent < end - t0)
+                await asyncio.sleep(0.2)
+
+    tasks = [asyncio.ensure_future(worker(k)) for k in range(concurrency + max(2, concurrency // 4))]
+    try:
+        await asyncio.sleep(warmup_s + window_s)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+    counted = sum(start - t0 <= x < end - t0 for o in outs for x in o.token_times)
+    return counted / window_s, turned_away
+
+
+def throughput_table(data: dict[str, Any]) -> str:
+    """Markdown: closed-loop throughput per mix and stack, median (min-max) over rounds, and each
+    stack's median ratio to the first stock stack measured in the same round."""
+    rows = data.get("throughput", [])
+    if not rows:
+        return ""
+    stacks = list(dict.fromkeys(r["stack"] for r in rows))
+    base = next((k for k in ("a-rr", "a-ca") if k in stacks), stacks[0])
+    lines = [
+        f"\n**Throughput at saturation (closed loop), output tokens/s, median (min-max) over rounds; "
+        f"ratio to {base} in the same round**\n",
+        "| mix | stack | tokens/s | ratio | turned away per round |",
+        "|---|---|---|---|---|",
+    ]
+    for mix in dict.fromkeys(r["mix"] for r in rows):
+        ref = {r["round"]: r["tokens_per_s"] for r in rows if r["mix"] == mix and r["stack"] == base}
+        for st in stacks:
+            got = [r for r in rows if r["mix"] == mix and r["stack"] == st]
+            ratios = [r["tokens_per_s"] / ref[r["round"]] for r in got if ref.get(r["round"])]
+            lines.append(
+                f"| {mix} | {st} | {_spread([r['tokens_per_s'] for r in got], '.1f')} "
+                f"| {_spread(ratios, '.3f')} | {_spread([r['turned_away'] for r in got], '.0f')} |"
+            )
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------------
 # the report
 
@@ -1084,24 +1165,25 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
 
 def report(data: dict[str, Any], out: Path | None, log_dir: Path | None) -> str:
-    check_md, rows = checks(data)
-    data["checks"] = rows
     sat = data.get("saturation", {})
     one = ", ".join(f"{m} {r['1.0']:.2f}" for m, r in data["rates"].items() if "1.0" in r)
-    text = "\n".join(
-        [
-            f"stock saturation: {sat.get('tokens_per_s', 0):.1f} output tokens/s "
-            f"({sat.get('step_ms', 0):.0f} ms per step, SLO times x{data.get('slo_scale', 1):.2f}); "
-            f"1.0x = {one} jobs/s",
-            tables(data),
-            "\n**Goals (issue 13), pooled over seeds; [per-seed min-max]**\n",
-            check_md,
-        ]
-    )
+    parts = [
+        f"stock saturation: {sat.get('tokens_per_s', 0):.1f} output tokens/s "
+        f"({sat.get('step_ms', 0):.0f} ms per step, SLO times x{data.get('slo_scale', 1):.2f}); "
+        f"1.0x = {one} jobs/s"
+    ]
+    if data["runs"]:
+        check_md, rows = checks(data)
+        data["checks"] = rows
+        parts += [tables(data), "\n**Goals (issue 13), pooled over seeds; [per-seed min-max]**\n", check_md]
+    if data.get("throughput"):
+        parts.append(throughput_table(data))
+    text = "\n".join(parts)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
-        plot(data, out.with_suffix(".png"))
+        if data["runs"]:
+            plot(data, out.with_suffix(".png"))
     if log_dir is not None:
         (log_dir / "tables.md").write_text(text + "\n")
     return text
@@ -1131,6 +1213,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=float,
         default=24.0,
         help="seconds per run: arrivals until then, then the streams still open are cancelled (24)",
+    )
+    p.add_argument(
+        "--throughput-rounds",
+        type=int,
+        default=0,
+        help="instead of the traces: throughput at saturation, a closed loop of each mix's own requests "
+        "(with their SLO fields) on every stack, this many rounds in a rotating order; the first --loads "
+        "value sets only the trace the requests are drawn from (0: off)",
+    )
+    p.add_argument(
+        "--throughput-window",
+        type=float,
+        default=30.0,
+        help="seconds each closed-loop measurement counts tokens, after 5 s of warm-up (30)",
     )
     p.add_argument(
         "--best-effort-drain",
@@ -1444,7 +1540,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "drain": args.best_effort_drain,
                 "freeze_idle": args.freeze_idle,
             }
-            with tqdm(total=total_runs, unit="run", disable=not sys.stderr.isatty()) as bar:
+            if args.throughput_rounds:
+                data["throughput"] = []
+                for rnd in range(args.throughput_rounds):
+                    for n, m in enumerate(mixes):
+                        pool = make_jobs(MIXES[m], data["rates"][m][str(loads[0])], 400.0, 1000 + rnd, shape)
+                        k = rnd + n
+                        for spec in specs[k % len(specs) :] + specs[: k % len(specs)]:
+                            fleet.check_alive()
+                            rec = _throughput_run(fleet, spec, model.name, pool, m, plan, args, stop)
+                            data["throughput"].append({"round": rnd, **rec})
+                            _say(
+                                f"round {rnd} {m} {spec.key:>4}: {rec['tokens_per_s']:.1f} output tokens/s "
+                                f"closed loop, {rec['turned_away']} turned away; load avg {rec['loadavg']}"
+                            )
+                    report(data, args.out, None)
+                cells = []  # the closed loop only
+            with tqdm(total=len(cells) * len(specs), unit="run", disable=not sys.stderr.isatty()) as bar:
                 for n, (seed, m, load) in enumerate(cells):
                     jobs = make_jobs(MIXES[m], data["rates"][m][str(load)], args.duration, seed, shape)
                     for spec in specs[n % len(specs) :] + specs[: n % len(specs)]:  # a rotating order
@@ -1470,9 +1582,46 @@ def main(argv: Sequence[str] | None = None) -> int:
             fleet.stop()
     data["wall_min"] = round((time.monotonic() - t_start) / 60, 1)
     data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    if data["runs"]:
+    if data["runs"] or data.get("throughput"):
         print(report(data, args.out, log_dir))
     return 0
+
+
+def _throughput_run(
+    fleet: Fleet,
+    spec: StackSpec,
+    model: str,
+    pool: list[Any],
+    m: str,
+    plan: dict[str, Any],
+    args: argparse.Namespace,
+    stop: threading.Event,
+) -> dict[str, Any]:
+    """One closed-loop throughput measurement on one stack, its set alone and idle, as `_one_run`."""
+    from jitserve.local import demo
+
+    fleet.thaw_all()
+    prepare(fleet.all_engine_urls())
+    if plan["freeze_idle"]:
+        fleet.freeze_others(spec)
+    time.sleep(THAW_SETTLE_S)
+    cpu0 = fleet.cpu_seconds()
+    t = time.monotonic()
+    conc = args.engines * args.max_num_seqs
+    measure = measure_closed(
+        fleet.urls[spec.key], model, pool, MIXES[m], plan["shape"], spec, conc, 5.0, args.throughput_window
+    )
+    tokens_per_s, turned_away = asyncio.run(demo.until_stopped(measure, stop))
+    wall = time.monotonic() - t
+    cpu1 = fleet.cpu_seconds()
+    return {
+        "mix": m,
+        "stack": spec.key,
+        "tokens_per_s": round(tokens_per_s, 2),
+        "turned_away": turned_away,
+        "set_cpu": {k: round((cpu1[k] - cpu0.get(k, 0.0)) / wall, 3) for k in cpu1},
+        "loadavg": round(os.getloadavg()[0], 2),
+    }
 
 
 async def _warm(url: str, model: str) -> None:

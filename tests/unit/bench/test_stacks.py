@@ -130,8 +130,11 @@ def test_best_effort_is_met_when_it_finishes_in_the_drain_but_throughput_stops_a
     assert stacks.run_summary(runs, 10.0)["best-effort"]["met_by_cutoff"] == 1
 
 
-async def _paced_chat_server(tokens: int, interval: float) -> asyncio.AbstractServer:
-    """An OpenAI-shaped streaming chat endpoint: `tokens` content chunks, one per `interval`, then usage."""
+async def _paced_chat_server(
+    tokens: int, interval: float, bodies: list[dict] | None = None
+) -> asyncio.AbstractServer:
+    """An OpenAI-shaped streaming chat endpoint: `tokens` content chunks, one per `interval`, then usage;
+    each request's JSON body is appended to `bodies`."""
 
     def event(doc: dict) -> bytes:
         return b"data: " + json.dumps(doc).encode() + b"\n\n"
@@ -140,7 +143,9 @@ async def _paced_chat_server(tokens: int, interval: float) -> asyncio.AbstractSe
         head = await reader.readuntil(b"\r\n\r\n")
         fields = (h.split(b":") for h in head.split(b"\r\n"))
         length = next(int(v[0]) for k, *v in fields if k.lower() == b"content-length")
-        await reader.readexactly(length)
+        body = await reader.readexactly(length)
+        if bodies is not None:
+            bodies.append(json.loads(body))
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
         base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
         try:
@@ -194,6 +199,46 @@ def test_the_cutoff_cancels_everything_but_scored_best_effort_which_drains(drain
         assert (runs["best-effort"].met, runs["best-effort"].met_by_cutoff) == (1, 0)
     else:
         assert best_effort.reason == "cutoff" and not best_effort.finished
+
+
+def test_closed_loop_counts_the_tokens_in_its_window_and_sends_each_class_its_slo() -> None:
+    """measure_closed against the paced stub server: every client sends its next call when one ends;
+    only tokens inside the window count; each call carries its class and SLO fields, compound stages as
+    the deadline class (the closed loop has no programs)."""
+    mix = stacks.MIXES["paper"]
+    shape = stacks.Shape()
+    call = demo.Call("a b c", 4)
+    jobs = [demo.Job(0, "latency", 0.0, (call,)), demo.Job(1, "compound", 0.0, (call, call))]
+    bodies: list[dict] = []
+
+    async def main() -> tuple[float, int]:
+        server = await _paced_chat_server(tokens=4, interval=0.05, bodies=bodies)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            spec = stacks.StackSpec("x", "x", "vllm", "round_robin")
+            url = f"http://127.0.0.1:{port}"
+            return await stacks.measure_closed(url, "m", jobs, mix, shape, spec, 2, 0.3, 1.0)
+
+    rate, turned_away = asyncio.run(main())
+    # 4 clients, each at most 4 tokens per 0.2 s call: at most 80 tokens/s; at least one call's worth
+    assert 4 <= rate <= 80 and turned_away == 0
+    classes = {b["slo_class"] for b in bodies}
+    assert classes == {"latency", "deadline"}
+    assert all(("target_ttft" in b) == (b["slo_class"] == "latency") for b in bodies)
+    assert all(b["deadline"] > 0 for b in bodies if b["slo_class"] == "deadline")
+
+
+def test_throughput_table_takes_each_round_against_the_stock_stack_of_that_round() -> None:
+    rows = [
+        {"round": 0, "mix": "paper", "stack": "a-rr", "tokens_per_s": 100.0, "turned_away": 0},
+        {"round": 0, "mix": "paper", "stack": "d", "tokens_per_s": 90.0, "turned_away": 3},
+        {"round": 1, "mix": "paper", "stack": "a-rr", "tokens_per_s": 50.0, "turned_away": 0},
+        {"round": 1, "mix": "paper", "stack": "d", "tokens_per_s": 50.0, "turned_away": 1},
+    ]
+    md = stacks.throughput_table({"throughput": rows})
+    d_row = next(line for line in md.splitlines() if line.startswith("| paper | d |"))
+    # per-round ratios 0.9 and 1.0 (median 0.95), not the ratio of the medians (70 / 75)
+    assert "| 0.950 (0.900-1.000) |" in d_row and "70.0 (50.0-90.0)" in d_row
 
 
 def test_checks_pass_and_fail_per_cell() -> None:
