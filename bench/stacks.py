@@ -55,6 +55,11 @@ in throughput, up to the cutoff). Best-effort jobs are scored over the arrivals 
 scored on, by whether they finish by the end of the drain; the tables also give the share met by the
 cutoff (the measure before the drain).
 
+Throughput at saturation (`--throughput-rounds`, instead of the traces): a closed loop of each mix's own
+requests, with their SLO fields, keeps every batch slot of a stack busy; output tokens/s in a window,
+each stack alone, rounds in a rotating order, ratios to (a) per round. The open-loop runs' throughput
+counts what a stack delivered by the cutoff, which is also what it chose not to serve.
+
 Scoring: `jitserve.scheduler.goodput` (the one implementation). Per class: token goodput, attainment
 (jobs that met their SLO), TTFT p50/p99 of started calls, rejections (429), drops (503 / aborted
 stream), client timeouts, and throughput (output tokens/s delivered in the run, every job). Writes
@@ -1494,11 +1499,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     # then seeds, then mixes; within a cell the stacks take turns in a rotating order.
     cells = [(seed, m, load) for load in loads for seed in seeds for m in mixes]
     total_runs = len(cells) * len(specs)
-    _say(
-        f"bench/stacks: {model.name}, stacks {', '.join(keys)}; {len(cells)} cells (seed x mix x load) x "
-        f"{len(specs)} stacks = {total_runs} runs of {args.duration:g} s "
-        f"(~{total_runs * (args.duration + 2) / 60:.0f} min); logs in {log_dir}"
-    )
+    if args.throughput_rounds:
+        n = args.throughput_rounds * len(mixes) * len(specs)
+        _say(
+            f"bench/stacks: {model.name}, stacks {', '.join(keys)}; closed-loop throughput, "
+            f"{args.throughput_rounds} rounds x {len(mixes)} mixes x {len(specs)} stacks = {n} measurements "
+            f"of {args.throughput_window + 5:g} s (~{n * (args.throughput_window + 10) / 60:.0f} min); "
+            f"logs in {log_dir}"
+        )
+    else:
+        _say(
+            f"bench/stacks: {model.name}, stacks {', '.join(keys)}; {len(cells)} cells (seed x mix x load) x "
+            f"{len(specs)} stacks = {total_runs} runs of {args.duration:g} s "
+            f"(~{total_runs * (args.duration + 2) / 60:.0f} min); logs in {log_dir}"
+        )
     data: dict[str, Any] = {
         "command": shlex.join(
             [".venv/bin/python", "bench/stacks.py", *(argv if argv is not None else sys.argv[1:])]
