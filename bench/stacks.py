@@ -800,27 +800,40 @@ def prepare(urls: Sequence[str], timeout_s: float = 30.0) -> tuple[float, float]
     return left, time.monotonic() - t
 
 
-async def measure_shaped(
-    url: str, model: str, calls: Sequence[Any], concurrency: int, warmup_s: float, window_s: float
-) -> float:
-    """Output tokens/s with every batch slot busy on the benchmark's own (shaped) requests: `jitserve
-    demo`'s closed loop (concurrency + a few clients), with these calls instead of demo-sized ones."""
+Request = tuple[str, int, dict[str, Any]]  # prompt, max_tokens, request body extras
+
+
+async def _closed_loop(
+    url: str,
+    model: str,
+    concurrency: int,
+    warmup_s: float,
+    window_s: float,
+    request: Callable[[int, float], Request],
+) -> tuple[float, int]:
+    """(output tokens/s in the window, calls turned away in it): `concurrency` + a few clients each send
+    the next call as soon as one ends (`request(i, sent)`: the i-th call, sent at `sent` s); a call turned
+    away (429, 503) is followed by 0.2 s of pause, not an immediate retry."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300.0)
     t0 = time.monotonic()
     start, end = t0 + warmup_s, t0 + warmup_s + window_s
     outs: list[CallOut] = []
-    body = {"ignore_eos": True, "slo_class": "best-effort", "waiting_time": 3600}
+    turned_away = 0
 
     async def worker(k: int) -> None:
+        nonlocal turned_away
         i = k
         while time.monotonic() < end:
             out = CallOut(sent=time.monotonic() - t0)
-            outs.append(out)
-            c = calls[i % len(calls)]
+            prompt, max_tokens, body = request(i, out.sent)
             i += concurrency + 2
-            await _stream(client, model, c.prompt, c.max_tokens, body, out, t0)
+            outs.append(out)
+            await _stream(client, model, prompt, max_tokens, body, out, t0)
+            if out.reason in ("rejected", "dropped"):
+                turned_away += int(start - t0 <= out.sent < end - t0)
+                await asyncio.sleep(0.2)
 
     tasks = [asyncio.ensure_future(worker(k)) for k in range(concurrency + max(2, concurrency // 4))]
     try:
@@ -831,7 +844,22 @@ async def measure_shaped(
         await asyncio.gather(*tasks, return_exceptions=True)
         await client.close()
     counted = sum(start - t0 <= x < end - t0 for o in outs for x in o.token_times)
-    return max(counted, 1) / window_s
+    return counted / window_s, turned_away
+
+
+async def measure_shaped(
+    url: str, model: str, calls: Sequence[Any], concurrency: int, warmup_s: float, window_s: float
+) -> float:
+    """Output tokens/s with every batch slot busy on the benchmark's own (shaped) requests: `jitserve
+    demo`'s closed loop (concurrency + a few clients), with these calls instead of demo-sized ones."""
+    body = {"ignore_eos": True, "slo_class": "best-effort", "waiting_time": 3600}
+
+    def request(i: int, sent: float) -> Request:
+        c = calls[i % len(calls)]
+        return c.prompt, c.max_tokens, body
+
+    rate, _ = await _closed_loop(url, model, concurrency, warmup_s, window_s, request)
+    return max(rate, 1 / window_s)
 
 
 async def measure_closed(
@@ -847,46 +875,20 @@ async def measure_closed(
 ) -> tuple[float, int]:
     """(output tokens/s, calls turned away) with every batch slot busy on the mix's own requests, each
     sent with its class's SLO fields (and, for (b), its EDF key): throughput at saturation as each
-    stack schedules it. `concurrency` + a few clients each send the next call as soon as one ends;
-    a compound program's stages go as single calls of the deadline class with the program's deadline
-    (the closed loop has no programs). A call turned away (429, 503) is retried after 0.2 s, not at once."""
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300.0)
+    stack schedules it. A compound program's stages go as single calls of the deadline class with the
+    program's deadline (the closed loop has no programs)."""
     calls = [(j.slo_class, c) for j in jobs for c in j.calls]
-    t0 = time.monotonic()
-    start, end = t0 + warmup_s, t0 + warmup_s + window_s
-    outs: list[CallOut] = []
-    turned_away = 0
 
-    async def worker(k: int) -> None:
-        nonlocal turned_away
-        i = k
-        while time.monotonic() < end:
-            cls, call = calls[i % len(calls)]
-            i += concurrency + 2
-            slo, fields = slo_of(cls, 1, mix, shape)
-            body: dict[str, Any] = {"slo_class": "deadline" if cls == "compound" else cls, "ignore_eos": True}
-            body |= fields
-            out = CallOut(sent=time.monotonic() - t0)
-            if spec.edf_priority:
-                body["priority"] = edf_priority(out.sent, slo)
-            outs.append(out)
-            await _stream(client, model, call.prompt, call.max_tokens, body, out, t0)
-            if out.reason in ("rejected", "dropped"):
-                turned_away += int(start - t0 <= out.sent < end - t0)
-                await asyncio.sleep(0.2)
+    def request(i: int, sent: float) -> Request:
+        cls, call = calls[i % len(calls)]
+        slo, fields = slo_of(cls, 1, mix, shape)
+        body: dict[str, Any] = {"slo_class": "deadline" if cls == "compound" else cls, "ignore_eos": True}
+        body |= fields
+        if spec.edf_priority:
+            body["priority"] = edf_priority(sent, slo)
+        return call.prompt, call.max_tokens, body
 
-    tasks = [asyncio.ensure_future(worker(k)) for k in range(concurrency + max(2, concurrency // 4))]
-    try:
-        await asyncio.sleep(warmup_s + window_s)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await client.close()
-    counted = sum(start - t0 <= x < end - t0 for o in outs for x in o.token_times)
-    return counted / window_s, turned_away
+    return await _closed_loop(url, model, concurrency, warmup_s, window_s, request)
 
 
 def throughput_table(data: dict[str, Any]) -> str:

@@ -140,7 +140,11 @@ async def _paced_chat_server(
         return b"data: " + json.dumps(doc).encode() + b"\n\n"
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()  # a pooled connection closed without a request
+            return
         fields = (h.split(b":") for h in head.split(b"\r\n"))
         length = next(int(v[0]) for k, *v in fields if k.lower() == b"content-length")
         body = await reader.readexactly(length)
