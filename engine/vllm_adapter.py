@@ -39,6 +39,7 @@ from jitserve.engine.settings import SchedulerSettings
 from jitserve.engine.state import StatePublisher
 from jitserve.engine.version import check_vllm_version
 from jitserve.scheduler.gmax import FramePlan
+from jitserve.scheduler.slo import SLO
 
 log = logging.getLogger("jitserve.engine")
 
@@ -48,9 +49,13 @@ PUBLISH_EVERY_S = 0.25
 _MAX_STEP_GAP_S = 5.0
 
 
-def drop_message(waiting_time: float) -> str:
-    """The `stop_reason` a dropped request's client reads."""
-    return f"jitserve: waiting_time {waiting_time:g}s exceeded"
+def drop_message(slo: SLO | None) -> str:
+    """The `stop_reason` a dropped request's client reads: what it waited for unstarted (`drop_at`)."""
+    if slo is None:
+        return "jitserve: dropped unstarted"
+    if slo.unstarted_wait > slo.waiting_time:
+        return f"jitserve: not started by its deadline ({slo.unstarted_wait:g}s)"
+    return f"jitserve: waiting_time {slo.waiting_time:g}s exceeded"
 
 
 class JITServeScheduler(AsyncScheduler):
@@ -166,7 +171,7 @@ class JITServeScheduler(AsyncScheduler):
         reasons = {}
         for request in waiting:
             meta = self.jit.meta.get(request.request_id)
-            reasons[request.request_id] = drop_message(meta.info.slo.waiting_time if meta else 0.0)
+            reasons[request.request_id] = drop_message(meta.info.slo if meta else None)
             self.jit.end(request.request_id, now, "dropped")
         for request in super().finish_requests(
             [r.request_id for r in waiting], RequestStatus.FINISHED_ABORTED
@@ -181,7 +186,7 @@ class JITServeScheduler(AsyncScheduler):
                     trace_headers=request.trace_headers,
                 )
             )
-        log.info("jitserve: dropped %d request(s) past waiting_time", len(waiting))
+        log.info("jitserve: dropped %d request(s) not started in time", len(waiting))
 
     def has_requests(self) -> bool:
         # Drop outputs not yet emitted keep the engine stepping until update_from_output sends them.

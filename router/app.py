@@ -34,7 +34,11 @@ _SLO_PROPS: dict[str, Any] = {
     "deadline": {**_SECONDS, "description": "end-to-end deadline in seconds (header X-SLO-Deadline)"},
     "target_ttft": {**_SECONDS, "description": "time-to-first-token target, seconds (X-SLO-Target-TTFT)"},
     "target_tbt": {**_SECONDS, "description": "time-between-tokens target, seconds (X-SLO-Target-TBT)"},
-    "waiting_time": {**_SECONDS, "description": "drop if not started within this (X-SLO-Waiting-Time)"},
+    "waiting_time": {
+        **_SECONDS,
+        "description": "drop if not started within this; deadline work: not before its deadline "
+        "(X-SLO-Waiting-Time)",
+    },
     "program_id": {"type": "string", "description": "compound program id (header X-Program-Id)"},
     "program_stages": {"type": "integer", "minimum": 1, "description": "expected stages (X-Program-Stages)"},
 }

@@ -168,15 +168,16 @@ class Dispatcher:
                 await asyncio.wait_for(self.pool.changed.wait(), timeout=min(left, self.pool.poll_interval_s))
 
     def _first_token_timeout(self, flight: Flight, replica: Replica) -> float | None:
-        """Streams with an SLO: no token within waiting_time + prefill estimate + grace is a drop (the
-        engine should have dropped it). Best-effort has no such bound (it is never dropped for waiting;
-        a hung engine is caught by the health probe instead)."""
+        """Streams with an SLO: no token within the longest it may wait unstarted (waiting_time; deadline
+        work: its deadline if later) + prefill estimate + grace is a drop (the engine should have dropped
+        it). Best-effort has no such bound (it is never dropped for waiting; a hung engine is caught by
+        the health probe instead)."""
         if flight.slo.type is SLOType.BEST_EFFORT:
             return None
         prefill = (
             replica.state.prefill_tokens_per_s if replica.state else self.pool.defaults.prefill_tokens_per_s
         )
-        return flight.slo.waiting_time + self.config.first_token_grace_s + flight.input_len / prefill
+        return flight.slo.unstarted_wait + self.config.first_token_grace_s + flight.input_len / prefill
 
     async def _try_replica(
         self,

@@ -42,9 +42,12 @@ class Flight:
         """What the client learns when the engine (or the router's backstop) dropped the request."""
         reason = sse.stop_reason(chunk)
         detail = f"; engine: {reason}" if reason else ""
+        wait = self.slo.unstarted_wait  # deadline work waits for its deadline, not its waiting_time
+        what = (
+            f"its waiting_time of {wait:g}s" if wait <= self.slo.waiting_time else f"its deadline ({wait:g}s)"
+        )
         return unavailable(
-            f"request dropped: not started within its waiting_time of {self.slo.waiting_time:g}s "
-            f"(SLO class {self.slo_class!r}){detail}",
+            f"request dropped: not started within {what} (SLO class {self.slo_class!r}){detail}",
             "waiting_time_exceeded",
             retry_after=None,
         )

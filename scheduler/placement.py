@@ -282,18 +282,19 @@ def place(
             )
     else:
         # Below every replica's bar it starts only behind the work queued ahead of it, which is what
-        # the replica's queue delay estimates. If that outlasts the request's waiting_time, the engine
-        # would drop it after the wait anyway: answer now, with the reason, instead.
+        # the replica's queue delay estimates. If that outlasts how long the engine lets it wait
+        # unstarted (`drop_at`), the engine would drop it after the wait anyway: answer now, with the
+        # reason, instead.
         # (no request here is reserved: a reserved one is eligible, so `feasible` is behind the queue)
-        patience = request.arrival + request.slo.waiting_time - now
+        patience = request.drop_at() - now
         feasible = feasible & (delay < patience)
         if not feasible.any():
             return Placement(
                 None,
                 priority,
                 sampled,
-                "rejected: below every replica's admission bar, and the queue ahead is longer than its "
-                f"waiting_time ({request.slo.waiting_time:g} s)",
+                "rejected: below every replica's admission bar, and the queue ahead is longer than it may "
+                f"wait unstarted ({patience:.3g} s)",
             )
         # Feasible only after a wait: queue where it ranks best against the bar.
         score = np.where(feasible, priority / np.maximum(bar, 1e-12), -np.inf)

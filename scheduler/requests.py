@@ -31,7 +31,7 @@ _COLUMNS: tuple[tuple[str, Any, Any], ...] = (
     ("deadline_abs", np.float64, np.inf),  # absolute deadline (compound: this stage's sub-deadline)
     ("ttft", np.float64, np.inf),  # latency only
     ("tbt", np.float64, np.inf),  # latency only; inf when the SLO has no TBT
-    ("waiting_deadline", np.float64, np.inf),  # drop if not started by then
+    ("waiting_deadline", np.float64, np.inf),  # drop if not started by then (`NewRequest.drop_at`)
     ("input_len", np.int64, 0),
     ("generated", np.int64, 0),  # output tokens produced so far
     ("computed", np.int64, 0),  # tokens whose KV is computed (prefill progress, preemption cost)
@@ -69,6 +69,23 @@ class NewRequest:
             raise ValueError(f"input_len: must be >= 0, got {self.input_len}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
+
+    def due(self) -> float:
+        """Absolute deadline (compound stages: their sub-deadline); inf without one."""
+        if self.deadline_abs is not None:
+            return self.deadline_abs
+        return self.arrival + self.slo.deadline if self.slo.deadline is not None else float("inf")
+
+    def drop_at(self) -> float:
+        """When the request is dropped if it has not started (§5's waiting_time admission control).
+        Deadline and compound work waits at least until its deadline: dropped at its waiting_time while
+        that deadline was still reachable, a compound stage loses its whole program, and a request that
+        has not started holds no batch slot (docs/decisions/core.md, "Deadline work waits for its
+        deadline")."""
+        wait = self.arrival + self.slo.waiting_time
+        if self.slo.type in (SLOType.DEADLINE, SLOType.COMPOUND):
+            return max(wait, self.due())
+        return wait
 
 
 class RequestTable:
@@ -140,15 +157,10 @@ class RequestTable:
         self.active[slot] = True
         self.slo_type[slot] = SLO_TYPE_CODE[slo.type]
         self.arrival[slot] = req.arrival
-        if req.deadline_abs is not None:
-            self.deadline_abs[slot] = req.deadline_abs
-        elif slo.deadline is not None:
-            self.deadline_abs[slot] = req.arrival + slo.deadline
-        else:
-            self.deadline_abs[slot] = np.inf
+        self.deadline_abs[slot] = req.due()
         self.ttft[slot] = slo.ttft if slo.ttft is not None else np.inf
         self.tbt[slot] = slo.tbt if slo.tbt is not None else np.inf
-        self.waiting_deadline[slot] = req.arrival + slo.waiting_time
+        self.waiting_deadline[slot] = req.drop_at()
         self.input_len[slot] = req.input_len
         self.generated[slot] = 0
         self.computed[slot] = 0

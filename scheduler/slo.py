@@ -89,6 +89,15 @@ class SLO(BaseModel):
         return self
 
     @property
+    def unstarted_wait(self) -> float:
+        """Longest a request may wait unstarted before it is dropped, in seconds after its arrival: its
+        waiting_time, or for deadline and compound work its deadline if later (`NewRequest.drop_at`
+        holds the exact rule, with a compound stage's sub-deadline)."""
+        if self.type in (SLOType.DEADLINE, SLOType.COMPOUND) and self.deadline is not None:
+            return max(self.waiting_time, self.deadline)
+        return self.waiting_time
+
+    @property
     def effective_tbt(self) -> float:
         """TBT for latency requests; a latency SLO without TBT only constrains the first token."""
         return self.tbt if self.tbt is not None else float("inf")

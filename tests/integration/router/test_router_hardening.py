@@ -445,7 +445,7 @@ def test_the_first_token_bound_of_an_slo_stream_covers_the_wait_for_headers(
         "prompt": "x",
         "max_tokens": 2,
         "stream": True,
-        "deadline": 20,
+        "target_ttft": 20,  # a stream: dropped unstarted at its waiting_time (deadline work would wait 20 s)
         "waiting_time": 0.5,
     }
     resp = post(r, body, path="/v1/completions")  # (the client gives up after 60 s: that would fail)

@@ -97,16 +97,22 @@ def test_an_unattainable_slo_gets_429_before_reaching_any_engine(
     assert err.code == "slo_unattainable"
     assert int(err.response.headers["retry-after"]) >= 30  # the least-loaded pod's expected wait
     assert a.received == [] and b.received == []
-    # a deadline the queue allows is not enough: behind a 30 s queue it would wait past its waiting_time
+    # a first-token target the queue allows is not enough for a stream: behind a 30 s queue it would
+    # wait past its waiting_time (5 s), when the engine drops it unstarted
     with pytest.raises(openai.RateLimitError) as info:
         client(r).chat.completions.create(
-            model=MODEL, messages=MSG, max_tokens=8, extra_body={"deadline": 60}
+            model=MODEL, messages=MSG, max_tokens=8, extra_body={"target_ttft": 60}
         )
-    assert "longer than its waiting_time" in str(info.value)
+    assert "longer than it may wait unstarted (5 s)" in str(info.value)
     assert a.received == [] and b.received == []
     # with a waiting_time that covers the queue it is admitted (queued behind the busy pod's work)
     ok = client(r).chat.completions.create(
-        model=MODEL, messages=MSG, max_tokens=8, extra_body={"deadline": 60, "waiting_time": 45}
+        model=MODEL, messages=MSG, max_tokens=8, extra_body={"target_ttft": 60, "waiting_time": 45}
+    )
+    assert ok.choices[0].message.content
+    # deadline work may wait unstarted until its deadline: a 60 s deadline is queued behind the 30 s
+    ok = client(r).chat.completions.create(
+        model=MODEL, messages=MSG, max_tokens=8, extra_body={"deadline": 60}
     )
     assert ok.choices[0].message.content
 
@@ -139,7 +145,9 @@ def test_a_request_dropped_by_the_engine_gets_a_clear_error(
     a, b = fake_engines
     a.mode = b.mode = "drop"
     r = start_router("--engines", f"{a.url},{b.url}", ready=2)
-    slo = {"slo_class": "deadline"}  # best-effort is never dropped for waiting; a deadline SLO is
+    # best-effort is never dropped for waiting, deadline work only at its deadline; a stream at its
+    # waiting_time
+    slo = {"slo_class": "latency"}
 
     def call(chat: bool, stream: bool) -> None:
         c = client(r)
@@ -162,7 +170,7 @@ def test_a_request_dropped_by_the_engine_gets_a_clear_error(
             if not stream:  # vLLM's streams carry no stop_reason for a request dropped before any token
                 assert "jitserve: waiting_time 5s exceeded" in info.value.message
     metrics = httpx.get(r.url + "/metrics").text
-    assert 'jitserve_router_drops_total{reason="waiting_time",slo_class="deadline"} 4.0' in metrics
+    assert 'jitserve_router_drops_total{reason="waiting_time",slo_class="latency"} 4.0' in metrics
 
 
 def test_a_drop_after_the_stream_began_is_an_in_stream_error_event(

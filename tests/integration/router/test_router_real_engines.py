@@ -117,7 +117,7 @@ def test_a_request_the_engine_drops_is_an_error_not_an_empty_answer(real) -> Non
     # The engines are per session: other tests' requests (the engine suite sends waiting_time 0.001
     # best-effort requests that wait and are served) are in the ring too, so look only at new ones.
     before = {x["request_id"] for e in engines for x in recent(e)}
-    slo = {"deadline": 60, "waiting_time": 0.001}
+    slo = {"target_ttft": 60, "waiting_time": 0.001}  # a stream (deadline work would wait for its deadline)
     calls = {
         "chat": lambda: c.chat.completions.create(
             model=model, messages=MSG, max_tokens=16, stream=True, extra_body=slo

@@ -242,12 +242,29 @@ def test_swap_is_costed_by_bandwidth(ranking):
 
 def test_waiting_time_drops_only_unstarted_requests():
     table = RequestTable()
-    table.add(NewRequest("w", SLO.deadline_slo(20, waiting_time=1.0), arrival=0.0, input_len=5, max_tokens=5))
-    table.add(NewRequest("r", SLO.deadline_slo(20, waiting_time=1.0), arrival=0.0, input_len=5, max_tokens=5))
+    stream = SLO.latency(ttft=20.0, tbt=None, waiting_time=1.0)
+    table.add(NewRequest("w", stream, arrival=0.0, input_len=5, max_tokens=5))
+    table.add(NewRequest("r", stream, arrival=0.0, input_len=5, max_tokens=5))
     table.set_running("r", True)
     plan = plan_frame(table, 2.0, SPEED, GMAXParams())
     assert table.ids(plan.drop) == ["w"]
     assert "w" not in table.ids(plan.order)
+
+
+def test_unstarted_deadline_work_waits_for_its_deadline_not_its_waiting_time():
+    """Dropped at its waiting_time while its deadline is still reachable, a compound stage would lose
+    its whole program, and unstarted it holds no slot: deadline and compound work is dropped unstarted
+    once its deadline (a stage's sub-deadline) has passed (`NewRequest.drop_at`)."""
+    table = RequestTable()
+    table.add(NewRequest("d", SLO.deadline_slo(20, waiting_time=1.0), arrival=0.0, input_len=5, max_tokens=5))
+    stage = NewRequest(
+        "c", SLO.compound(2, waiting_time=1.0), arrival=0.0, input_len=5, max_tokens=5, deadline_abs=8.0
+    )
+    table.add(stage)
+    assert stage.drop_at() == 8.0
+    assert table.ids(plan_frame(table, 2.0, SPEED, GMAXParams()).drop) == []
+    assert table.ids(plan_frame(table, 9.0, SPEED, GMAXParams()).drop) == ["c"]
+    assert set(table.ids(plan_frame(table, 21.0, SPEED, GMAXParams()).drop)) == {"c", "d"}  # still unstarted
 
 
 def _two_tenants(fairness: float) -> RequestTable:

@@ -67,9 +67,8 @@ def test_work_with_slack_is_not_reserved_until_a_frame_before_it_would_miss():
 
 def test_a_request_about_to_pass_its_waiting_time_has_all_its_goodput_at_stake():
     table = RequestTable()
-    table.add(
-        NewRequest("w", SLO.deadline_slo(600.0, waiting_time=3.0), arrival=0.0, input_len=10, max_tokens=10)
-    )
+    loose_stream = SLO.latency(ttft=600.0, tbt=None, waiting_time=3.0)
+    table.add(NewRequest("w", loose_stream, arrival=0.0, input_len=10, max_tokens=10))
     slots = table.active_slots()
     value = analyze(table, 1.0, SPEED, JIT).goodput
     assert margin_goodput(table, 1.0, SPEED, JIT, slots, value, 2.5)[0] == pytest.approx(value[0])
@@ -125,8 +124,9 @@ def test_best_effort_is_never_dropped_for_waiting():
     table = RequestTable()
     table.add(NewRequest("be", SLO.best_effort(waiting_time=1.0), arrival=0.0, input_len=5, max_tokens=5))
     table.add(NewRequest("d", SLO.deadline_slo(20, waiting_time=1.0), arrival=0.0, input_len=5, max_tokens=5))
-    assert table.ids(expired(table, 10.0)) == ["d"]
-    assert table.ids(plan_frame(table, 10.0, SPEED, JIT).drop) == ["d"]
+    assert table.ids(expired(table, 10.0)) == []  # deadline work waits for its deadline (20 s)
+    assert table.ids(expired(table, 25.0)) == ["d"]
+    assert table.ids(plan_frame(table, 25.0, SPEED, JIT).drop) == ["d"]
 
 
 def test_a_stream_ahead_of_its_timeline_keeps_its_slot():

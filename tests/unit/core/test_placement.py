@@ -136,11 +136,11 @@ def test_equal_replicas_share_the_load():
     assert place(tight(), [quiet, busy], now=0.0).replica == 0
 
 
-def test_below_every_bar_queues_only_if_it_can_start_within_its_waiting_time():
-    """A full replica whose top-B work outranks the request: it waits behind the queue. A 60 s deadline
-    request is feasible even after either queue; whether it may queue
-    depends on the queue delay against its waiting_time."""
-    slo = SLO.deadline_slo(60.0)
+def test_below_every_bar_a_stream_queues_only_if_it_can_start_within_its_waiting_time():
+    """A full replica whose top-B work outranks the request: it waits behind the queue. A stream with a
+    loose TTFT (60 s) is feasible even after either queue; whether it may queue depends on the queue
+    delay against its waiting_time, after which the engine would drop it unstarted."""
+    slo = SLO.latency(ttft=60.0, tbt=None)
     req = NewRequest("r", slo, arrival=0.0, input_len=200, max_tokens=40)
     short = replica("a", running=8, waiting=4, admission_priority=1e9, queue_delay_s=slo.waiting_time / 2)
     p = place(req, [short], now=0.0)
@@ -149,11 +149,25 @@ def test_below_every_bar_queues_only_if_it_can_start_within_its_waiting_time():
     long = replica("a", running=8, waiting=40, admission_priority=1e9, queue_delay_s=slo.waiting_time * 2)
     p = place(req, [long], now=0.0)
     assert p.replica is None
-    assert "queue ahead is longer than its waiting_time" in p.reason
+    assert "queue ahead is longer than it may wait unstarted (5 s)" in p.reason
     # with the short queue on the other replica, it goes there
     assert place(req, [long, short], now=0.0).replica == 1
     # time already spent (the router saw it late) counts against its waiting_time
     assert place(req, [short], now=slo.waiting_time * 0.6).replica is None
+
+
+def test_below_every_bar_deadline_work_may_wait_for_its_deadline():
+    """Deadline work is dropped unstarted only once its deadline passes, not at its waiting_time
+    (`NewRequest.drop_at`): behind a queue twice its waiting_time it queues while its 60 s deadline
+    allows, and is turned away behind a queue that outlasts the deadline."""
+    slo = SLO.deadline_slo(60.0)
+    req = NewRequest("r", slo, arrival=0.0, input_len=200, max_tokens=40)
+    assert req.drop_at() == 60.0
+    long = replica("a", running=8, waiting=40, admission_priority=1e9, queue_delay_s=slo.waiting_time * 2)
+    p = place(req, [long], now=0.0)
+    assert p.replica == 0 and p.reason.startswith("queued")
+    endless = replica("a", running=8, waiting=400, admission_priority=1e9, queue_delay_s=70.0)
+    assert place(req, [endless], now=0.0).replica is None
 
 
 def test_a_replica_measured_before_a_burst_does_not_take_all_of_it():
@@ -197,8 +211,11 @@ def test_a_request_the_engine_would_reserve_is_judged_where_reserved_work_starts
     assert p.replica == 0 and p.reason.startswith("admitted ahead of the queue")
     assert place(req, [replica("a", **full)], now=0.0).replica is None
     assert place(req, [replica("a", **full, reserved_waiting=4, yieldable=0)], now=0.0).replica is None
-    # work that is on time behind the queue is not reserved: the bar and its waiting_time (5 s, against
-    # 9 s of queue) decide, as before
-    loose = tight(deadline=60.0)
-    p = place(loose, [replica("a", **full, reserved_waiting=0, yieldable=0)], now=0.0)
+    # work that is on time behind the queue is not reserved: the bar and how long it may wait unstarted
+    # decide, as before. A loose stream may wait its waiting_time (5 s, against 9 s of queue): turned
+    # away; loose deadline work may wait for its deadline (60 s): queued.
+    stream = NewRequest("s", SLO.latency(ttft=60.0, tbt=None), arrival=0.0, input_len=200, max_tokens=40)
+    p = place(stream, [replica("a", **full, reserved_waiting=0, yieldable=0)], now=0.0)
     assert p.replica is None and p.reason.startswith("rejected: below every replica's admission bar")
+    p = place(tight(deadline=60.0), [replica("a", **full, reserved_waiting=0, yieldable=0)], now=0.0)
+    assert p.replica == 0 and p.reason.startswith("queued: below every replica's admission bar")

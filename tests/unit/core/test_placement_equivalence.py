@@ -129,12 +129,13 @@ def _reference_place(
             reason = (
                 "admitted ahead of the queue: reserved, it starts in time behind the replica's reserved work"
             )
-    else:  # below every bar: only where the queue ahead ends within its waiting_time
-        feasible = feasible & (delay < request.arrival + request.slo.waiting_time - now)
+    else:  # below every bar: only where the queue ahead ends before the request would be dropped
+        patience = request.drop_at() - now
+        feasible = feasible & (delay < patience)
         if not feasible.any():
             reason = (
-                "rejected: below every replica's admission bar, and the queue ahead is longer than its "
-                f"waiting_time ({request.slo.waiting_time:g} s)"
+                "rejected: below every replica's admission bar, and the queue ahead is longer than it may "
+                f"wait unstarted ({patience:.3g} s)"
             )
             return Placement(None, priority, sampled, reason)
         score = np.where(feasible, priority / np.maximum(bar, 1e-12), -np.inf)

@@ -32,11 +32,13 @@ from jitserve.engine.version import UnsupportedVLLMVersionError, check_vllm_vers
 from jitserve.engine.vllm_adapter import JITServeScheduler, drop_message  # noqa: E402
 from jitserve.scheduler.gmax import EngineSpeed, FramePlan  # noqa: E402
 from jitserve.scheduler.requests import RequestTable  # noqa: E402
+from jitserve.scheduler.slo import SLO  # noqa: E402
 
 CLASSES = {
     "tight": {"type": "deadline", "deadlineSeconds": 5.0, "waitingTimeSeconds": 30.0},
     "loose": {"type": "deadline", "deadlineSeconds": 500.0, "waitingTimeSeconds": 30.0},
-    "quick-drop": {"type": "deadline", "deadlineSeconds": 300.0, "waitingTimeSeconds": 1.0},
+    # a stream with a loose TTFT: dropped unstarted at its waiting_time (deadline work waits for its deadline)
+    "quick-drop": {"type": "latency", "ttftSeconds": 300.0, "waitingTimeSeconds": 1.0},
     "patient-batch": {"type": "best-effort", "deadlineSeconds": 300.0, "waitingTimeSeconds": 1.0},
 }
 
@@ -136,7 +138,11 @@ def test_expired_request_is_dropped_with_a_readable_reason(
     late = [o for o in outputs if o.request_id == "late"]
     assert len(late) == 1
     assert late[0].finish_reason == FinishReason.ABORT
-    assert late[0].stop_reason == drop_message(1.0) == "jitserve: waiting_time 1s exceeded"
+    assert late[0].stop_reason == "jitserve: waiting_time 1s exceeded"
+    assert (
+        drop_message(SLO.deadline_slo(300.0, waiting_time=1.0))
+        == "jitserve: not started by its deadline (300s)"
+    )
     assert late[0].new_token_ids == []
     assert "late" not in s.requests and "late" not in s.jit
     assert s.jit.dropped_total == 1 and s.jit.window.totals["quick-drop"].dropped == 1
