@@ -59,19 +59,20 @@ def test_slo_fields_travel_from_the_sdk_to_the_scheduler(engine: EngineProcess) 
 
 
 def test_request_that_cannot_start_in_time_is_dropped_with_a_reason(engine: EngineProcess) -> None:
-    """A deadline request whose waiting_time is shorter than the trip from the API server to the
-    scheduler is dropped; a best-effort one is not (issue 14). The request is past
+    """A stream whose waiting_time is shorter than the trip from the API server to the scheduler is
+    dropped; a best-effort one is not (issue 14), nor deadline work whose deadline is still ahead (it
+    waits for its deadline, docs/decisions/core.md). The request is past
     it before its first schedule() call, so the drop does not depend on how loaded the machine is.
     (Drops behind a full batch are covered against vLLM's scheduler classes in tests/unit/engine.)"""
     client = engine.openai(timeout=30)
     before = engine.state()["dropped_total"]
     c = client.completions.create(
         model=engine.model_name, prompt="too late", max_tokens=50,
-        extra_body={"vllm_xargs": {"slo_class": "loose", "waiting_time": 0.001}},
+        extra_body={"vllm_xargs": {"target_ttft": 600, "waiting_time": 0.001}},
     )  # fmt: skip
     chat = client.chat.completions.create(
         model=engine.model_name, messages=[{"role": "user", "content": "too late"}], max_tokens=50,
-        extra_body={"vllm_xargs": {"slo_class": "loose", "waiting_time": 0.001}},
+        extra_body={"vllm_xargs": {"target_ttft": 600, "waiting_time": 0.001}},
     )  # fmt: skip
     for choice in (c.choices[0], chat.choices[0]):
         assert choice.finish_reason == "abort"
@@ -86,6 +87,13 @@ def test_request_that_cannot_start_in_time_is_dropped_with_a_reason(engine: Engi
     )  # fmt: skip
     assert patient.choices[0].finish_reason == "length"
     assert recent_entry(engine, patient.id)["outcome"] == "finished"
+    # Deadline work with its deadline ahead waits for it, whatever its waiting_time: served.
+    due = client.completions.create(
+        model=engine.model_name, prompt="in time", max_tokens=4,
+        extra_body={"vllm_xargs": {"slo_class": "loose", "waiting_time": 0.001}},
+    )  # fmt: skip
+    assert due.choices[0].finish_reason == "length"
+    assert recent_entry(engine, due.id)["outcome"] == "finished"
     assert engine.state()["dropped_total"] == before + 2
 
 
