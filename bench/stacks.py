@@ -88,10 +88,11 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 
+T = TypeVar("T")
 CLASSES = ("latency", "deadline", "compound", "best-effort")
 DEADLINE_TYPES = ("deadline", "compound", "best-effort")
 THAW_SETTLE_S = 2.0  # after thawing a set: its routers poll their engines again (every 0.25-0.5 s)
@@ -360,14 +361,18 @@ async def _run_job(
             return
 
 
-def drains(job: Any, mix: Mix, shape: Shape, cutoff_s: float) -> bool:
-    """A scored best-effort job: it runs on past the cutoff (see `--best-effort-drain`)."""
-    return job.slo_class == "best-effort" and job.arrival + best_effort_window(mix, shape) <= cutoff_s
+def job_horizon(job: Any, mix: Mix, shape: Shape) -> float:
+    """Seconds after a job's arrival when its outcome is decided (`horizon`). Best-effort has none
+    inside a run: it is scored over the deadline class's arrival window."""
+    if job.slo_class == "best-effort":
+        return horizon(slo_of("deadline", 1, mix, shape)[0], [])
+    slo, _ = slo_of(job.slo_class, len(job.calls), mix, shape)
+    return horizon(slo, [c.max_tokens for c in job.calls])
 
 
-def best_effort_window(mix: Mix, shape: Shape) -> float:
-    """Best-effort has no horizon inside a run: it is scored over the deadline class's arrival window."""
-    return horizon(slo_of("deadline", 1, mix, shape)[0], [])
+def scored(job: Any, mix: Mix, shape: Shape, cutoff_s: float) -> bool:
+    """Whether the job's outcome is decided by the cutoff in every stack (later jobs are load only)."""
+    return job.arrival + job_horizon(job, mix, shape) <= cutoff_s
 
 
 async def run_trace(
@@ -383,7 +388,7 @@ async def run_trace(
     drain_s: float = 0.0,
 ) -> list[JobOut]:
     """Replay `jobs` against `url` until `cutoff_s`; whatever still streams then is cancelled, except
-    the scored best-effort jobs (`drains`), which get up to `drain_s` more seconds to finish."""
+    the scored best-effort jobs, which get up to `drain_s` more seconds to finish."""
     import httpx
     import openai
 
@@ -413,11 +418,12 @@ async def run_trace(
 
     try:
         await until(t0 + cutoff_s, tasks)
-        kept = [
-            t for t, j in zip(tasks, jobs, strict=True) if drain_s > 0 and drains(j, mix, shape, cutoff_s)
-        ]
-        for t in tasks:
-            if t not in kept:
+        # the scored best-effort jobs run on for the drain; everything else ends here
+        kept = []
+        for t, j in zip(tasks, jobs, strict=True):
+            if drain_s > 0 and j.slo_class == "best-effort" and scored(j, mix, shape, cutoff_s):
+                kept.append(t)
+            else:
                 t.cancel()
         await until(t0 + cutoff_s + drain_s, kept)
     finally:
@@ -506,7 +512,6 @@ def score_run(outs: Sequence[JobOut], mix: Mix, shape: Shape, cutoff_s: float) -
     )
 
     runs = {c: ClassRun() for c, _ in mix.weights}
-    be_window = best_effort_window(mix, shape)
     for o in outs:
         job, cls = o.job, o.job.slo_class
         r = runs[cls]
@@ -514,9 +519,8 @@ def score_run(outs: Sequence[JobOut], mix: Mix, shape: Shape, cutoff_s: float) -
         r.tokens += sum(1 for c in o.calls for t in c.token_times if t <= cutoff_s)
         stages = len(job.calls)
         slo, _ = slo_of(cls, stages, mix, shape)
-        h = be_window if cls == "best-effort" else horizon(slo, [c.max_tokens for c in job.calls])
-        if job.arrival + h > cutoff_s:
-            continue  # its outcome is not decided by the cutoff in every stack: load only
+        if not scored(job, mix, shape, cutoff_s):
+            continue  # load only
         r.jobs += 1
         records = []
         for c in o.calls:
@@ -1345,6 +1349,34 @@ def _git() -> dict[str, Any]:
     }
 
 
+def _alone(
+    fleet: Fleet, spec: StackSpec, plan: dict[str, Any], work: Callable[[], T]
+) -> tuple[T, dict[str, Any]]:
+    """Run `work` on one stack with its set alone and idle: the other sets thawed, every engine drained
+    and its prefix cache reset, the others frozen (unless --no-freeze-idle). Returns what `work`
+    returned and the run's record of the machine: wall time, the idle wait before it, each set's CPU."""
+    thawed = fleet.thaw_all()
+    left, waited = prepare(fleet.all_engine_urls())
+    if plan["freeze_idle"]:
+        fleet.freeze_others(spec)
+    if spec.engines in thawed:
+        time.sleep(THAW_SETTLE_S)  # its routers saw no poll answered while it was frozen
+    cpu0 = fleet.cpu_seconds()
+    t = time.monotonic()
+    result = work()
+    wall = time.monotonic() - t
+    cpu1 = fleet.cpu_seconds()
+    return result, {
+        "wall_s": round(wall, 1),
+        "idle_wait_s": round(waited, 1),
+        # cores used during the run by each engine set with its routers: the set under test, and what
+        # the idle ones took from it (0 when frozen)
+        "set_cpu": {k: round((cpu1[k] - cpu0.get(k, 0.0)) / wall, 3) for k in cpu1},
+        "left_over_before": left,
+        "loadavg": round(os.getloadavg()[0], 2),
+    }
+
+
 def _one_run(
     fleet: Fleet,
     spec: StackSpec,
@@ -1354,40 +1386,22 @@ def _one_run(
     plan: dict[str, Any],
     stop: threading.Event,
 ) -> tuple[dict[str, Any], list[JobOut]]:
-    """Replay one trace on one stack: its set idle and its prefix caches reset first; scored."""
+    """Replay one trace on one stack, alone and idle (`_alone`); scored."""
     seed, m, load = cell
     mix, shape, duration = MIXES[m], plan["shape"], plan["duration"]
-    thawed = fleet.thaw_all()
-    left, waited = prepare(fleet.all_engine_urls())
-    if plan["freeze_idle"]:
-        fleet.freeze_others(spec)
-    if spec.engines in thawed:
-        time.sleep(THAW_SETTLE_S)  # its routers saw no poll answered while it was frozen
-    cpu0 = fleet.cpu_seconds()
-    t = time.monotonic()
     tag = f"s{seed}-{m}-{load:g}-{spec.key}"
-    outs = asyncio.run(
-        run_trace(fleet.urls[spec.key], model, jobs, spec, mix, shape, duration, tag, stop, plan["drain"])
+    url = fleet.urls[spec.key]
+    outs, machine = _alone(
+        fleet,
+        spec,
+        plan,
+        lambda: asyncio.run(
+            run_trace(url, model, jobs, spec, mix, shape, duration, tag, stop, plan["drain"])
+        ),
     )
-    wall = time.monotonic() - t
-    cpu1 = fleet.cpu_seconds()
     summ = run_summary(score_run(outs, mix, shape, duration), duration)
-    rec = {
-        "seed": seed,
-        "mix": m,
-        "load": load,
-        "stack": spec.key,
-        "jobs": len(jobs),
-        "wall_s": round(wall, 1),
-        "idle_wait_s": round(waited, 1),
-        # cores used during the run by each engine set with its routers: the set under test, and what
-        # the idle ones took from it (0 when frozen)
-        "set_cpu": {k: round((cpu1[k] - cpu0.get(k, 0.0)) / wall, 3) for k in cpu1},
-        "left_over_before": left,
-        "loadavg": round(os.getloadavg()[0], 2),
-        "classes": summ,
-    }
-    return rec, outs
+    rec = {"seed": seed, "mix": m, "load": load, "stack": spec.key, "jobs": len(jobs), **machine}
+    return rec | {"classes": summ}, outs
 
 
 def _run_line(rec: dict[str, Any]) -> str:
@@ -1613,30 +1627,23 @@ def _throughput_run(
     args: argparse.Namespace,
     stop: threading.Event,
 ) -> dict[str, Any]:
-    """One closed-loop throughput measurement on one stack, its set alone and idle, as `_one_run`."""
+    """One closed-loop throughput measurement on one stack, alone and idle (`_alone`)."""
     from jitserve.local import demo
 
-    fleet.thaw_all()
-    prepare(fleet.all_engine_urls())
-    if plan["freeze_idle"]:
-        fleet.freeze_others(spec)
-    time.sleep(THAW_SETTLE_S)
-    cpu0 = fleet.cpu_seconds()
-    t = time.monotonic()
     conc = args.engines * args.max_num_seqs
-    measure = measure_closed(
+    measure = lambda: measure_closed(  # noqa: E731
         fleet.urls[spec.key], model, pool, MIXES[m], plan["shape"], spec, conc, 5.0, args.throughput_window
     )
-    tokens_per_s, turned_away = asyncio.run(demo.until_stopped(measure, stop))
-    wall = time.monotonic() - t
-    cpu1 = fleet.cpu_seconds()
+    (tokens_per_s, turned_away), machine = _alone(
+        fleet, spec, plan, lambda: asyncio.run(demo.until_stopped(measure(), stop))
+    )
     return {
         "mix": m,
         "stack": spec.key,
         "tokens_per_s": round(tokens_per_s, 2),
         "turned_away": turned_away,
-        "set_cpu": {k: round((cpu1[k] - cpu0.get(k, 0.0)) / wall, 3) for k in cpu1},
-        "loadavg": round(os.getloadavg()[0], 2),
+        "set_cpu": machine["set_cpu"],
+        "loadavg": machine["loadavg"],
     }
 
 

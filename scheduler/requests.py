@@ -77,15 +77,10 @@ class NewRequest:
         return self.arrival + self.slo.deadline if self.slo.deadline is not None else float("inf")
 
     def drop_at(self) -> float:
-        """When the request is dropped if it has not started (§5's waiting_time admission control).
-        Deadline and compound work waits at least until its deadline: dropped at its waiting_time while
-        that deadline was still reachable, a compound stage loses its whole program, and a request that
-        has not started holds no batch slot (docs/decisions/core.md, "Deadline work waits for its
-        deadline")."""
+        """When the request is dropped if it has not started (§5's waiting_time admission control); deadline
+        and compound work not before its deadline (`SLO.waits_for_deadline`)."""
         wait = self.arrival + self.slo.waiting_time
-        if self.slo.type in (SLOType.DEADLINE, SLOType.COMPOUND):
-            return max(wait, self.due())
-        return wait
+        return max(wait, self.due()) if self.slo.waits_for_deadline else wait
 
 
 class RequestTable:

@@ -89,13 +89,17 @@ class SLO(BaseModel):
         return self
 
     @property
+    def waits_for_deadline(self) -> bool:
+        """Deadline and compound work is dropped unstarted only once its deadline has passed (or its
+        waiting_time, if later): unstarted it holds no slot, and a compound stage dropped early loses
+        its whole program (docs/decisions/core.md, "Deadline work waits for its deadline")."""
+        return self.type in (SLOType.DEADLINE, SLOType.COMPOUND) and self.deadline is not None
+
+    @property
     def unstarted_wait(self) -> float:
-        """Longest a request may wait unstarted before it is dropped, in seconds after its arrival: its
-        waiting_time, or for deadline and compound work its deadline if later (`NewRequest.drop_at`
-        holds the exact rule, with a compound stage's sub-deadline)."""
-        if self.type in (SLOType.DEADLINE, SLOType.COMPOUND) and self.deadline is not None:
-            return max(self.waiting_time, self.deadline)
-        return self.waiting_time
+        """Longest a request may wait unstarted, in seconds after its arrival (`NewRequest.drop_at` is
+        the same rule with a compound stage's sub-deadline)."""
+        return max(self.waiting_time, self.deadline or 0.0) if self.waits_for_deadline else self.waiting_time
 
     @property
     def effective_tbt(self) -> float:
