@@ -237,6 +237,14 @@ def saturation(names: list[str]) -> int:
     return 0
 
 
+def _by_rule(reps: list[Any]) -> str:
+    """Admission's rejections per "<SLO type>: <rule>", means over seeds (the rules: scheduler.placement's
+    `Rejection`); "-" when nothing was rejected."""
+    keys = sorted({k for r in reps for k in r.rejections_by_rule})
+    means = {k: sum(r.rejections_by_rule.get(k, 0) for r in reps) / len(reps) for k in keys}
+    return ", ".join(f"{k} {v:.0f}" for k, v in means.items() if v) or "-"
+
+
 def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) -> int:
     """What each of JITServe's mechanisms costs or earns on a workload: the deployed JITServe, then one
     mechanism switched off (or changed) per variant, on the same arrivals; the best baseline for scale.
@@ -311,9 +319,9 @@ def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) ->
         )
         print(
             "| variant | token goodput | vs JITServe | per class attainment | rejected | dropped "
-            "| preempt/replica-s |"
+            "| preempt/replica-s | rejected by type and rule |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         show = [
             "jitserve",
             *[k for k in rows if k.startswith("m:")],
@@ -333,7 +341,7 @@ def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) ->
                 f"| {k.removeprefix('m:')} | {tok:.0f} | {tok / ref if ref else float('nan'):.2f} | {att} | "
                 f"{statistics.fmean(r.rejected for r in reps):.0f} | "
                 f"{statistics.fmean(r.dropped for r in reps):.0f} | "
-                f"{statistics.fmean(r.preemptions_per_replica_s for r in reps):.2f} |",
+                f"{statistics.fmean(r.preemptions_per_replica_s for r in reps):.2f} | {_by_rule(reps)} |",
                 flush=True,
             )
     return 0

@@ -273,6 +273,7 @@ class CallOut:
     finished: bool = False
     reason: str = ""  # "", rejected, dropped, timeout, cutoff, error ...
     detail: str = ""  # the server's error message (a rejection's or a drop's reason), when it gave one
+    rule: str = ""  # on our router's 429: the placement rule that rejected it (X-JITServe-Rejection)
 
 
 @dataclass
@@ -286,6 +287,8 @@ async def _stream(
 ) -> None:
     """Stream one chat completion into `out` as it arrives (a cancelled call keeps what it received)."""
     import openai
+
+    from jitserve.router.errors import REJECTION_HEADER
 
     try:
         stream = await client.chat.completions.create(
@@ -312,6 +315,7 @@ async def _stream(
             out.finished = True
     except openai.RateLimitError as e:
         out.reason, out.detail = "rejected", e.message
+        out.rule = e.response.headers.get(REJECTION_HEADER, "")
     except openai.APIStatusError as e:
         out.reason = "dropped" if e.status_code == 503 else f"http {e.status_code}"
         out.detail = e.message
@@ -457,6 +461,7 @@ class ClassRun:
     met_by_cutoff: int = 0  # met with every token delivered by the cutoff (differs for drained best-effort)
     ttfts: list[float] = field(default_factory=list)
     tokens: int = 0
+    rejected_by: dict[str, int] = field(default_factory=dict)  # `rejected` by rule (our router's 429s)
 
     def add(self, o: ClassRun) -> None:
         for k in (
@@ -473,6 +478,8 @@ class ClassRun:
         ):
             setattr(self, k, getattr(self, k) + getattr(o, k))
         self.ttfts += o.ttfts
+        for rule, n in o.rejected_by.items():
+            self.rejected_by[rule] = self.rejected_by.get(rule, 0) + n
 
     def summary(self, duration_s: float) -> dict[str, Any]:
         return {
@@ -485,6 +492,7 @@ class ClassRun:
             "ttft_p99": _pct(self.ttfts, 99),
             "started": len(self.ttfts),
             "rejected": self.rejected,
+            "rejected_by": dict(sorted(self.rejected_by.items())),
             "dropped": self.dropped,
             "timeouts": self.timeouts,
             "unfinished": self.unfinished,
@@ -557,6 +565,8 @@ def score_run(outs: Sequence[JobOut], mix: Mix, shape: Shape, cutoff_s: float) -
         last = o.calls[-1].reason if o.calls else "cutoff"
         if last == "rejected":
             r.rejected += 1
+            rule = o.calls[-1].rule or "other"  # vllm-router's and older runs' 429s name no rule
+            r.rejected_by[rule] = r.rejected_by.get(rule, 0) + 1
         elif last == "dropped" or last.startswith(("http", "error")):
             r.dropped += 1
         elif last == "timeout":
@@ -984,6 +994,31 @@ def tables(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def rejections_table(data: dict[str, Any]) -> str:
+    """Markdown: scored jobs rejected, per mix, load, stack and class, by the rule that rejected them (our
+    router's `X-JITServe-Rejection`; "other": a 429 without it), summed over seeds. Empty when no run
+    recorded a rule (vllm-router's stacks never reject; runs before the header did not record it)."""
+    lines: list[str] = []
+    for (mix, load, stack), runs in _cells(data).items():
+        for cls in CLASSES:
+            counts: dict[str, int] = {}
+            for r in runs:
+                for rule, n in r["classes"].get(cls, {}).get("rejected_by", {}).items():
+                    counts[rule] = counts.get(rule, 0) + n
+            if counts:
+                rules = ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items()))
+                lines.append(f"| {mix} | {load:g}x | {stack} | {cls} | {rules} |")
+    if not lines:
+        return ""
+    head = [
+        "\n**Rejected scored jobs by admission rule (summed over seeds; rules: scheduler/placement.py "
+        "`Rejection`)**\n",
+        "| mix | load | stack | class | rejected by rule |",
+        "|---|---|---|---|---|",
+    ]
+    return "\n".join(head + lines)
+
+
 def _pooled(runs: Sequence[dict[str, Any]], cls: str) -> tuple[float, float, int, float]:
     """(goodput, attainment, jobs, throughput) of a class summed over seeds."""
     rows = [r["classes"][cls] for r in runs]
@@ -1187,6 +1222,8 @@ def report(data: dict[str, Any], out: Path | None, log_dir: Path | None) -> str:
         check_md, rows = checks(data)
         data["checks"] = rows
         parts += [tables(data), "\n**Goals (issue 13), pooled over seeds; [per-seed min-max]**\n", check_md]
+        if by_rule := rejections_table(data):
+            parts.append(by_rule)
     if data.get("throughput"):
         parts.append(throughput_table(data))
     text = "\n".join(parts)

@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from jitserve.router.classes import ClassRegistry
 from jitserve.router.config import RouterConfig
-from jitserve.router.errors import RateLimitedLog, rate_limited, unavailable
+from jitserve.router.errors import REJECTION_HEADER, RateLimitedLog, rate_limited, unavailable
 from jitserve.router.flight import Flight
 from jitserve.router.inbound import Inbound
 from jitserve.router.locality import PrefixIndex
@@ -34,6 +34,7 @@ from jitserve.router.replicas import Replica
 from jitserve.router.upstream import PATHS, RETRYABLE, Attempt
 from jitserve.scheduler.admission import Action, Decision, decide
 from jitserve.scheduler.contracts.xargs import render_xargs
+from jitserve.scheduler.placement import Rejection
 from jitserve.scheduler.requests import NewRequest
 from jitserve.scheduler.slo import OverloadAction, SLOType
 
@@ -110,10 +111,13 @@ class Dispatcher:
             if attempts == 0:
                 self.metrics.child(self.metrics.admissions, slo_class, decision.action.value).inc()
             if decision.action is Action.REJECT:
+                rule = (decision.rejection or Rejection.NO_TIME).value
+                self.metrics.child(self.metrics.rejections, slo_class, rule).inc()  # one per 429 sent
                 raise rate_limited(
                     f"no engine replica can meet this request's SLO (class {slo_class!r}): {decision.reason}",
                     "slo_unattainable",
                     decision.retry_after_s or 1.0,
+                    headers={REJECTION_HEADER: rule},
                 )
             assert decision.replica is not None
             replica = reps[decision.replica]

@@ -10,8 +10,12 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+# On a 429 from admission: which placement rule turned the request away (`Rejection`'s codes), so a client
+# or a benchmark can tell "late everywhere" from "every replica busy" without parsing the message.
+REJECTION_HEADER = "X-JITServe-Rejection"
 
 
 @dataclass(eq=False)
@@ -22,6 +26,7 @@ class RouterError(Exception):
     param: str | None = None
     code: str | None = None
     retry_after: float | None = None  # seconds; sent as Retry-After on 429/503
+    extra_headers: dict[str, str] = field(default_factory=dict)  # e.g. X-JITServe-Rejection on a 429
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -33,10 +38,11 @@ class RouterError(Exception):
         return json.dumps(self.body(), separators=(",", ":")).encode()
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after is None:
-            return {}
-        # Retry-After takes whole seconds; round up so a client never retries too early.
-        return {"Retry-After": str(max(1, int(-(-self.retry_after // 1))))}
+        headers = dict(self.extra_headers)
+        if self.retry_after is not None:
+            # Retry-After takes whole seconds; round up so a client never retries too early.
+            headers["Retry-After"] = str(max(1, int(-(-self.retry_after // 1))))
+        return headers
 
     def sse_event(self) -> bytes:
         """The error as one SSE event, for failures after a stream has begun (the SDK raises on it)."""
@@ -47,8 +53,14 @@ def bad_request(message: str, param: str | None = None, code: str = "invalid_req
     return RouterError(400, message, "invalid_request_error", param, code)
 
 
-def rate_limited(message: str, code: str, retry_after: float, param: str | None = None) -> RouterError:
-    return RouterError(429, message, "rate_limit_error", param, code, retry_after)
+def rate_limited(
+    message: str,
+    code: str,
+    retry_after: float,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> RouterError:
+    return RouterError(429, message, "rate_limit_error", param, code, retry_after, dict(headers or {}))
 
 
 def unavailable(message: str, code: str, retry_after: float | None = 1.0) -> RouterError:

@@ -84,6 +84,13 @@ class RouterMetrics:
             ["slo_class", "decision"],
             registry=r,
         )
+        self.rejections = Counter(
+            "jitserve_router_rejections_total",
+            "Requests admission turned away, by the placement rule that did (no_time, busy_short_reply, "
+            "queue_too_long, no_replica)",
+            ["slo_class", "rule"],
+            registry=r,
+        )
         self.drops = Counter(
             "jitserve_router_drops_total",
             "Requests ended without a full response, by reason (waiting_time, no_replica, upstream_error, "

@@ -16,7 +16,7 @@ from enum import StrEnum
 import numpy as np
 
 from jitserve.scheduler.gmax import GMAXParams
-from jitserve.scheduler.placement import ReplicaState, ShortReplyRule, place
+from jitserve.scheduler.placement import Rejection, ReplicaState, ShortReplyRule, place
 from jitserve.scheduler.requests import NewRequest
 from jitserve.scheduler.slo import SLO, OverloadAction, SLOClassSpec
 
@@ -37,6 +37,7 @@ class Decision:
     slo_class: str  # class the engine is told (best-effort after a downgrade)
     reason: str
     retry_after_s: float | None = None
+    rejection: Rejection | None = None  # the placement rule that rejected it (REJECT only)
 
 
 def best_effort_slo(classes: dict[str, SLOClassSpec], waiting_time: float) -> tuple[str, SLO]:
@@ -84,4 +85,4 @@ def decide(
         p2 = placer(downgraded)
         if p2.replica is not None:
             return Decision(Action.DOWNGRADE, p2.replica, downgraded, name, f"downgraded: {p.reason}")
-    return Decision(Action.REJECT, None, request, slo_class, p.reason, retry_after(states))
+    return Decision(Action.REJECT, None, request, slo_class, p.reason, retry_after(states), p.rejection)

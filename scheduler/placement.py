@@ -41,6 +41,17 @@ class ShortReplyRule(StrEnum):
     BOUND = "bound"  # nowhere: admission by the length bound alone
 
 
+class Rejection(StrEnum):
+    """Which rule turned a request away: a stable code beside `Placement.reason`'s sentence, for the router's
+    `jitserve_router_rejections_total{rule}`, its 429's `X-JITServe-Rejection` header and the simulator's
+    report (docs/decisions/core.md, "Why a request was rejected")."""
+
+    NO_REPLICA = "no_replica"  # no replica is ready
+    NO_TIME = "no_time"  # late everywhere, even with a one-token reply
+    BUSY_SHORT_REPLY = "busy_short_reply"  # on time only with a reply under its bound; every replica busy
+    QUEUE_TOO_LONG = "queue_too_long"  # below every bar; the queue outlasts how long it may wait unstarted
+
+
 # ShortReplyRule.OCCUPANCY's share of the batch: set on the paper mix, then measured against the other
 # rules on every workload of the suite (docs/decisions/core.md, "Admission")
 OCCUPANCY_SHARE = 0.25
@@ -158,6 +169,7 @@ class Placement:
     priorities: np.ndarray  # replica-specific priority per sampled replica (0 where infeasible)
     sampled: np.ndarray  # indices of the sampled replicas
     reason: str
+    rejection: Rejection | None = None  # which rule, when `replica` is None
 
 
 def place(
@@ -173,7 +185,8 @@ def place(
     """Power-of-K over replica-specific priorities. `k=None` samples every replica (K = M)."""
     m = len(replicas)
     if m == 0:
-        return Placement(None, np.zeros(0), np.zeros(0, dtype=np.int64), "no ready replica")
+        empty = np.zeros(0, dtype=np.int64)
+        return Placement(None, np.zeros(0), empty, "no ready replica", Rejection.NO_REPLICA)
     if k is None or k >= m:
         sampled = np.arange(m)
     else:
@@ -254,7 +267,8 @@ def place(
         rank = np.where(ahead, slow[n : 2 * n], slow[:n]) if any_reserves else slow[:n]
     priority = np.where(an_feasible, an_priority, 0.0)
     if not an_feasible.any():
-        return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
+        reason = "no replica can meet the SLO, even with a one-token reply"
+        return Placement(None, priority, sampled, reason, Rejection.NO_TIME)
     feasible = an_feasible
     if needs_short_reply:
         # On time only if the reply is shorter than its bound: take it only where it costs no one else.
@@ -267,6 +281,7 @@ def place(
                 priority,
                 sampled,
                 "rejected: replica busy and the SLO needs a reply shorter than the length bound",
+                Rejection.BUSY_SHORT_REPLY,
             )
     has_room = occupied < batch
     # a reserved request is served ahead of the bar's work: the bar cuts the fill, not the reservation
@@ -295,6 +310,7 @@ def place(
                 sampled,
                 "rejected: below every replica's admission bar, and the queue ahead is longer than it may "
                 f"wait unstarted ({patience:.3g} s)",
+                Rejection.QUEUE_TOO_LONG,
             )
         # Feasible only after a wait: queue where it ranks best against the bar.
         score = np.where(feasible, priority / np.maximum(bar, 1e-12), -np.inf)

@@ -48,6 +48,8 @@ class Report:
     replicas: int = 1
     goodput_timeline: list[float] = field(default_factory=list)  # per bin, tokens/s
     timeline_bin_s: float = 60.0
+    # router admission's rejections by "<SLO type>: <rule>" (scheduler.placement.Rejection); {} without it
+    rejections_by_rule: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -132,6 +134,7 @@ def report(outcome: SimOutcome, bin_s: float = 60.0) -> Report:
         e2el_p95={k: _pct(v, 95) for k, v in sorted(e2el.items())},
         dropped=dropped,
         rejected=rejected,
+        rejections_by_rule=dict(outcome.rejections),
         preemptions=sum(e.stats.preemptions for e in engines),
         wall_s=outcome.wall_s,
         token_goodput_by_type={k: v / horizon for k, v in sorted(tokens_by_type.items())},

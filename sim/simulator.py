@@ -9,6 +9,7 @@ Completions happen at macro-step ends, so the stages they release are never in t
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 from collections.abc import Callable
@@ -58,6 +59,7 @@ class SimOutcome:
     horizon: float
     end_time: float
     wall_s: float = 0.0
+    rejections: dict[str, int] = field(default_factory=dict)  # Cluster.rejections
 
 
 def stage_times(program: Program, v_token: float, prefill_rate: float) -> np.ndarray:
@@ -126,6 +128,8 @@ class Cluster:
         self.rng = np.random.default_rng(seed + 7919)
         self._rr = 0
         self._states: dict[int, tuple[tuple[int, int, int], ReplicaState]] = {}
+        # admission's rejections, keyed "<SLO type>: <rule>" (`Rejection`), as the router counts them
+        self.rejections: collections.Counter[str] = collections.Counter()
         self.engines: list[Engine] = []
         for i, setup in enumerate(self.setups):
             overrides = dict(setup.engine)
@@ -163,6 +167,8 @@ class Cluster:
                     req, req.slo.type.value, setup.overload, {}, states, now, params=params,
                     short_reply=setup.short_reply,
                 )  # fmt: skip
+                if d.rejection is not None:
+                    self.rejections[f"{req.slo.type.value}: {d.rejection.value}"] += 1
                 return d.replica, d.request
             p = place(req, states, now, params=params, short_reply=setup.short_reply)
             return (p.replica if p.replica is not None else self._least_load()), req
@@ -384,4 +390,5 @@ def simulate(
         horizon=horizon,
         end_time=end_time,
         wall_s=_time.perf_counter() - wall0,
+        rejections=dict(sorted(cluster.rejections.items())),
     )

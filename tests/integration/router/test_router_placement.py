@@ -100,6 +100,7 @@ def test_an_unattainable_slo_gets_429_before_reaching_any_engine(
     err = info.value
     assert err.code == "slo_unattainable"
     assert int(err.response.headers["retry-after"]) >= 30  # the least-loaded pod's expected wait
+    assert err.response.headers["x-jitserve-rejection"] == "no_time"  # the rule, for clients and dashboards
     assert a.received == [] and b.received == []
     # a first-token target the queue allows is not enough for a stream: behind a 30 s queue it would
     # wait past its waiting_time (5 s), when the engine drops it unstarted
@@ -108,7 +109,11 @@ def test_an_unattainable_slo_gets_429_before_reaching_any_engine(
             model=MODEL, messages=MSG, max_tokens=8, extra_body={"target_ttft": 60}
         )
     assert "longer than it may wait unstarted (5 s)" in str(info.value)
+    assert info.value.response.headers["x-jitserve-rejection"] == "queue_too_long"
     assert a.received == [] and b.received == []
+    metrics = httpx.get(r.url + "/metrics").text
+    assert 'jitserve_router_rejections_total{rule="no_time",slo_class="custom"} 1.0' in metrics
+    assert 'jitserve_router_rejections_total{rule="queue_too_long",slo_class="custom"} 1.0' in metrics
     # with a waiting_time that covers the queue it is admitted (queued behind the busy pod's work)
     ok = client(r).chat.completions.create(
         model=MODEL, messages=MSG, max_tokens=8, extra_body={"target_ttft": 60, "waiting_time": 45}

@@ -137,10 +137,11 @@ def test_best_effort_is_met_when_it_finishes_in_the_drain_but_throughput_stops_a
 
 
 async def _paced_chat_server(
-    tokens: int, interval: float, bodies: list[dict] | None = None
+    tokens: int, interval: float, bodies: list[dict] | None = None, reject_rule: str | None = None
 ) -> asyncio.AbstractServer:
     """An OpenAI-shaped streaming chat endpoint: `tokens` content chunks, one per `interval`, then usage;
-    each request's JSON body is appended to `bodies`."""
+    each request's JSON body is appended to `bodies`. With `reject_rule`, every request gets our router's
+    admission 429 instead (OpenAI error body, Retry-After, X-JITServe-Rejection: the rule)."""
 
     def event(doc: dict) -> bytes:
         return b"data: " + json.dumps(doc).encode() + b"\n\n"
@@ -156,6 +157,17 @@ async def _paced_chat_server(
         body = await reader.readexactly(length)
         if bodies is not None:
             bodies.append(json.loads(body))
+        if reject_rule is not None:
+            err = {"message": "no engine replica can meet this request's SLO", "type": "rate_limit_error"}
+            doc = json.dumps({"error": {**err, "param": None, "code": "slo_unattainable"}}).encode()
+            writer.write(
+                b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+                b"x-should-retry: false\r\nx-jitserve-rejection: " + reject_rule.encode()
+                + b"\r\nconnection: close\r\ncontent-length: " + str(len(doc)).encode() + b"\r\n\r\n" + doc
+            )  # fmt: skip
+            await writer.drain()
+            writer.close()
+            return
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
         base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
         try:
@@ -366,3 +378,35 @@ def test_idle_engine_sets_are_frozen_with_their_routers_and_thawed_for_their_tur
     finally:
         fleet.stop()
     assert not any(c.alive() for c in (stock, jit, vr))
+
+
+def test_a_rejection_is_counted_under_the_rule_our_router_names() -> None:
+    """run_trace against the stub answering as our router's admission does (a 429 naming its rule in
+    X-JITServe-Rejection): the call records the rule, scoring counts the rejected job under it, and the
+    report's table lists it per stack and class."""
+    mix = stacks.MIXES["paper"]
+    jobs = [demo.Job(0, "latency", 0.0, (demo.Call("a b c", 4),))]
+
+    async def main() -> list[stacks.JobOut]:
+        server = await _paced_chat_server(tokens=4, interval=0.01, reject_rule="busy_short_reply")
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await stacks.run_trace(
+                f"http://127.0.0.1:{port}", "m", jobs, stacks.StackSpec("d", "d", "jitserve", "jitserve"),
+                mix, stacks.Shape(), 5.0, "t", None, 0.0,
+            )  # fmt: skip
+
+    (out,) = asyncio.run(main())
+    call = out.calls[0]
+    assert (call.reason, call.rule) == ("rejected", "busy_short_reply")
+    runs = stacks.score_run([out], mix, stacks.Shape(), cutoff_s=10.0)
+    assert runs["latency"].rejected == 1 and runs["latency"].rejected_by == {"busy_short_reply": 1}
+    summary = stacks.run_summary(runs, 10.0)
+    assert summary["total"]["rejected_by"] == {"busy_short_reply": 1}
+    data = {"runs": [{"mix": "paper", "load": 2.0, "stack": "d", "seed": 0, "classes": summary}]}
+    assert "| paper | 2x | d | latency | busy_short_reply 1 |" in stacks.rejections_table(data)
+    # a 429 without the header (or a run before it) is "other"; nothing rejected: no table
+    out.calls[0].rule = ""
+    assert stacks.score_run([out], mix, stacks.Shape(), cutoff_s=10.0)["latency"].rejected_by == {"other": 1}
+    data["runs"][0]["classes"] = stacks.run_summary(stacks.score_run([], mix, stacks.Shape(), 10.0), 10.0)
+    assert stacks.rejections_table(data) == ""

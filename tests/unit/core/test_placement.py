@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from jitserve.scheduler.placement import ReplicaState, ShortReplyRule, place
+from jitserve.scheduler.placement import Rejection, ReplicaState, ShortReplyRule, place
 from jitserve.scheduler.requests import NewRequest
 from jitserve.scheduler.slo import SLO
 
@@ -77,6 +77,7 @@ def test_a_short_reply_is_rejected_on_a_busy_replica():
         assert p.replica is None
         assert p.reason.startswith("rejected: replica busy")
         assert "shorter than the length bound" in p.reason
+        assert p.rejection is Rejection.BUSY_SHORT_REPLY
 
 
 def test_a_short_reply_goes_to_the_idle_replica():
@@ -109,6 +110,7 @@ def test_queueing_delay_makes_a_replica_infeasible():
     late = replica("a", queue_delay_s=10.0, running=8, waiting=30)
     p = place(tight(deadline=5.0), [late], now=0.0)
     assert p.replica is None
+    assert p.rejection is Rejection.NO_TIME
 
 
 def test_prefix_cache_hit_raises_priority():
@@ -125,7 +127,9 @@ def test_k_samples_a_subset_deterministically():
 
 
 def test_no_replicas():
-    assert place(tight(), [], now=0.0).replica is None
+    p = place(tight(), [], now=0.0)
+    assert p.replica is None
+    assert p.rejection is Rejection.NO_REPLICA
 
 
 def test_equal_replicas_share_the_load():
@@ -146,10 +150,12 @@ def test_below_every_bar_a_stream_queues_only_if_it_can_start_within_its_waiting
     p = place(req, [short], now=0.0)
     assert p.replica == 0
     assert p.reason.startswith("queued: below every replica's admission bar")
+    assert p.rejection is None  # placed: no rule turned it away
     long = replica("a", running=8, waiting=40, admission_priority=1e9, queue_delay_s=slo.waiting_time * 2)
     p = place(req, [long], now=0.0)
     assert p.replica is None
     assert "queue ahead is longer than it may wait unstarted (5 s)" in p.reason
+    assert p.rejection is Rejection.QUEUE_TOO_LONG
     # with the short queue on the other replica, it goes there
     assert place(req, [long, short], now=0.0).replica == 1
     # time already spent (the router saw it late) counts against its waiting_time

@@ -19,7 +19,7 @@ from jitserve.scheduler.admission import Action, decide
 from jitserve.scheduler.analyzer.patterns import PatternStore
 from jitserve.scheduler.contracts.classes_configmap import snapshot_from_data
 from jitserve.scheduler.goodput import RequestRecord
-from jitserve.scheduler.placement import ReplicaState
+from jitserve.scheduler.placement import Rejection, ReplicaState
 from jitserve.scheduler.requests import NewRequest
 from jitserve.scheduler.slo import PAPER_CLASSES, SLO, OverloadAction, SLOClassSpec
 
@@ -108,9 +108,10 @@ def test_admission_places_rejects_or_downgrades() -> None:
     idle = ReplicaState.model_validate(idle_state("b"))
     tight = request(SLO.deadline_slo(deadline=5))
     d = decide(tight, "deadline", OverloadAction.REJECT, PAPER_CLASSES, [busy, idle], now=0.0)
-    assert d.action is Action.ADMIT and d.replica == 1
+    assert d.action is Action.ADMIT and d.replica == 1 and d.rejection is None
     d = decide(tight, "deadline", OverloadAction.REJECT, PAPER_CLASSES, [busy, busy], now=0.0)
     assert d.action is Action.REJECT and d.replica is None and d.retry_after_s == 30
+    assert d.rejection is Rejection.NO_TIME  # late behind 30 s on both, even with a one-token reply
     d = decide(tight, "deadline", OverloadAction.DOWNGRADE, PAPER_CLASSES, [busy, busy], now=0.0)
     # as best-effort it would still queue behind 30 s of work, past its 5 s waiting_time: rejected
     assert d.action is Action.REJECT and d.replica is None

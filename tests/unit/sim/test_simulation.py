@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jitserve.scheduler.goodput import request_goodput
-from jitserve.scheduler.placement import ShortReplyRule
+from jitserve.scheduler.placement import Rejection, ShortReplyRule
 from jitserve.scheduler.slo import SLOType
 from jitserve.sim.metrics import program_result, report
 from jitserve.sim.policies import POLICIES
@@ -121,6 +121,14 @@ def test_router_admission_rejects_only_under_jitserve_and_by_its_rule(spec) -> N
     off = compare(spec, ["jitserve"], dataclasses.replace(cfg, router_admission=False))["jitserve"]
     assert on["jitserve"].rejected > 0  # overloaded: place() finds requests nobody can serve on time
     assert off.rejected == 0 and on["sarathi"].rejected == 0
+    # each rejected call is counted under its type and the rule that turned it away (a program counts once
+    # in `rejected`, each of its rejected calls once here)
+    by_rule = on["jitserve"].rejections_by_rule
+    assert sum(by_rule.values()) >= on["jitserve"].rejected
+    rules = {r.value for r in Rejection}
+    types = {t.value for t in spec.mix}
+    assert all(k.split(": ")[0] in types and k.split(": ")[1] in rules for k in by_rule), by_rule
+    assert off.rejections_by_rule == {} and on["sarathi"].rejections_by_rule == {}
     policies.FACTORIES["_bound"] = lambda ctx: dataclasses.replace(
         policies._jitserve(ctx, False), short_reply=ShortReplyRule.BOUND
     )
@@ -131,6 +139,8 @@ def test_router_admission_rejects_only_under_jitserve_and_by_its_rule(spec) -> N
     # admission by the length bound also rejects what only a shorter-than-bound reply would save; place()
     # does so too on a replica with a queue, which under this overload is every one
     assert bound.rejected >= on["jitserve"].rejected
+    busy = sum(v for k, v in bound.rejections_by_rule.items() if k.endswith(": busy_short_reply"))
+    assert busy > sum(v for k, v in by_rule.items() if k.endswith(": busy_short_reply"))
 
 
 def test_overload_downgrade_serves_what_admission_would_reject(spec) -> None:  # type: ignore[no-untyped-def]
