@@ -242,7 +242,7 @@ def _by_rule(reps: list[Any]) -> str:
     `Rejection`); "-" when nothing was rejected."""
     keys = sorted({k for r in reps for k in r.rejections_by_rule})
     means = {k: sum(r.rejections_by_rule.get(k, 0) for r in reps) / len(reps) for k in keys}
-    return ", ".join(f"{k} {v:.0f}" for k, v in means.items() if v) or "-"
+    return ", ".join(f"{k} {round(v, 1):g}" for k, v in means.items() if v) or "-"
 
 
 def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) -> int:
