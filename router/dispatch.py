@@ -111,6 +111,7 @@ class Dispatcher:
             if attempts == 0:
                 self.metrics.child(self.metrics.admissions, slo_class, decision.action.value).inc()
             if decision.action is Action.REJECT:
+                # decide() names the rule of every REJECT; the fallback only narrows the type
                 rule = (decision.rejection or Rejection.NO_TIME).value
                 self.metrics.child(self.metrics.rejections, slo_class, rule).inc()  # one per 429 sent
                 raise rate_limited(
