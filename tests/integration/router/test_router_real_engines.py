@@ -104,6 +104,7 @@ def test_errors_surface_as_sdk_exceptions_before_reaching_an_engine(real) -> Non
         c.completions.create(model=model, prompt="word " * 200, max_tokens=4, extra_body={"deadline": 0.001})
     assert unattainable.value.code == "slo_unattainable"
     assert int(unattainable.value.response.headers["retry-after"]) >= 1
+    assert unattainable.value.response.headers["x-jitserve-rejection"] == "no_time"  # the rule, by name
     assert {x["request_id"] for e in engines for x in recent(e)} <= before  # no engine saw any of them
 
 
