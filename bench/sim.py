@@ -354,7 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", default="1.5,2.5,3.5")
     parser.add_argument("--duration", type=float, default=600.0)
     parser.add_argument("--replicas", type=int, default=1)
-    parser.add_argument("--policies", default=",".join(["jitserve", "jitserve-oracle", *BASELINES]))
+    parser.add_argument(
+        "--policies",
+        default=None,
+        help="the paper-mix rate sweep's policies (default: JITServe, the oracle and every baseline); "
+        "--suite always runs every policy of sim/suite.py, which its goals compare",
+    )
     parser.add_argument("--predictor", default="auto")
     parser.add_argument("--out", type=Path, default=Path("/tmp/simbench"))
     parser.add_argument("--scale", action="store_true", help="only the 10k-request / 16-replica timing run")
@@ -400,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seeds = [int(x) for x in args.seeds.split(",")]
     loads = [float(x) for x in args.loads.split(",")] if args.loads else None
+    if args.suite and args.policies is not None:
+        # the suite judges JITServe against vLLM FCFS and the best baseline: a subset cannot be judged
+        parser.error("--policies: --suite runs every policy of sim/suite.py (POLICIES); leave it out")
     if args.suite:
         workloads = args.workloads.split(",") if args.workloads else None
         return suite_run(args.out, seeds, loads, workloads, args.duration_scale)
@@ -435,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     from jitserve.sim.workload import load_workload
 
     spec = load_workload("paper-mix")
-    policies = args.policies.split(",")
+    policies = (args.policies or ",".join(["jitserve", "jitserve-oracle", *BASELINES])).split(",")
     base = RunConfig(replicas=args.replicas, duration_s=args.duration, predictor=args.predictor)
     bounds = make_bounds(spec, base, spec.seed)
     by_rate = {}
