@@ -85,6 +85,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -461,7 +462,7 @@ class ClassRun:
     met_by_cutoff: int = 0  # met with every token delivered by the cutoff (differs for drained best-effort)
     ttfts: list[float] = field(default_factory=list)
     tokens: int = 0
-    rejected_by: dict[str, int] = field(default_factory=dict)  # `rejected` by rule (our router's 429s)
+    rejected_by: Counter[str] = field(default_factory=Counter)  # `rejected` by rule (our router's 429s)
 
     def add(self, o: ClassRun) -> None:
         for k in (
@@ -478,8 +479,7 @@ class ClassRun:
         ):
             setattr(self, k, getattr(self, k) + getattr(o, k))
         self.ttfts += o.ttfts
-        for rule, n in o.rejected_by.items():
-            self.rejected_by[rule] = self.rejected_by.get(rule, 0) + n
+        self.rejected_by.update(o.rejected_by)
 
     def summary(self, duration_s: float) -> dict[str, Any]:
         return {
@@ -565,8 +565,7 @@ def score_run(outs: Sequence[JobOut], mix: Mix, shape: Shape, cutoff_s: float) -
         last = o.calls[-1].reason if o.calls else "cutoff"
         if last == "rejected":
             r.rejected += 1
-            rule = o.calls[-1].rule or "other"  # vllm-router's and older runs' 429s name no rule
-            r.rejected_by[rule] = r.rejected_by.get(rule, 0) + 1
+            r.rejected_by[o.calls[-1].rule or "other"] += 1  # vllm-router's and older runs' 429s name no rule
         elif last == "dropped" or last.startswith(("http", "error")):
             r.dropped += 1
         elif last == "timeout":
@@ -1001,10 +1000,9 @@ def rejections_table(data: dict[str, Any]) -> str:
     lines: list[str] = []
     for (mix, load, stack), runs in _cells(data).items():
         for cls in CLASSES:
-            counts: dict[str, int] = {}
+            counts: Counter[str] = Counter()
             for r in runs:
-                for rule, n in r["classes"].get(cls, {}).get("rejected_by", {}).items():
-                    counts[rule] = counts.get(rule, 0) + n
+                counts.update(r["classes"].get(cls, {}).get("rejected_by", {}))
             if counts:
                 rules = ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items()))
                 lines.append(f"| {mix} | {load:g}x | {stack} | {cls} | {rules} |")

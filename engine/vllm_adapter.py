@@ -53,7 +53,7 @@ def drop_message(slo: SLO | None) -> str:
     """The `stop_reason` a dropped request's client reads: what it waited for unstarted (`drop_at`)."""
     if slo is None:
         return "jitserve: dropped unstarted"
-    if slo.unstarted_wait > slo.waiting_time:
+    if slo.unstarted_limit == "deadline":
         return f"jitserve: not started by its deadline ({slo.unstarted_wait:g}s)"
     return f"jitserve: waiting_time {slo.waiting_time:g}s exceeded"
 

@@ -43,9 +43,8 @@ class Flight:
         reason = sse.stop_reason(chunk)
         detail = f"; engine: {reason}" if reason else ""
         wait = self.slo.unstarted_wait  # deadline work waits for its deadline, not its waiting_time
-        what = (
-            f"its waiting_time of {wait:g}s" if wait <= self.slo.waiting_time else f"its deadline ({wait:g}s)"
-        )
+        deadline = self.slo.unstarted_limit == "deadline"
+        what = f"its deadline ({wait:g}s)" if deadline else f"its waiting_time of {wait:g}s"
         return unavailable(
             f"request dropped: not started within {what} (SLO class {self.slo_class!r}){detail}",
             "waiting_time_exceeded",

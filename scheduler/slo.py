@@ -102,6 +102,12 @@ class SLO(BaseModel):
         return max(self.waiting_time, self.deadline or 0.0) if self.waits_for_deadline else self.waiting_time
 
     @property
+    def unstarted_limit(self) -> str:
+        """Which bound `unstarted_wait` is, as a dropped request's client is told: "deadline" when deadline
+        work waits past its waiting_time, else "waiting_time" (the engine's and the router's messages)."""
+        return "deadline" if self.unstarted_wait > self.waiting_time else "waiting_time"
+
+    @property
     def effective_tbt(self) -> float:
         """TBT for latency requests; a latency SLO without TBT only constrains the first token."""
         return self.tbt if self.tbt is not None else float("inf")

@@ -367,10 +367,19 @@ def test_idle_engine_sets_are_frozen_with_their_routers_and_thawed_for_their_tur
                 break
             time.sleep(0.05)
         assert len(procs(c)) == 3
-    stopped = {psutil.STATUS_STOPPED}
+
+    def frozen(c: up.Component) -> bool:
+        """Every process stopped, or with SIGSTOP pending: one caught in an uninterruptible wait
+        ("disk-sleep", seen here about one run in eight) stops as soon as it leaves it."""
+        for _ in range(100):
+            if all(p.status() == psutil.STATUS_STOPPED or _stop_pending(p.pid) for p in procs(c)):
+                return True
+            time.sleep(0.05)
+        return False
+
     try:
         fleet.freeze_others(specs["d"])
-        assert states(stock, stopped) == states(vr, stopped) == stopped
+        assert frozen(stock) and frozen(vr)
         assert psutil.STATUS_STOPPED not in states(jit)
         assert set(fleet.cpu_seconds()) == {"vllm", "jitserve"}
         assert fleet.thaw_all() == {"vllm"}
@@ -378,6 +387,18 @@ def test_idle_engine_sets_are_frozen_with_their_routers_and_thawed_for_their_tur
     finally:
         fleet.stop()
     assert not any(c.alive() for c in (stock, jit, vr))
+
+
+def _stop_pending(pid: int) -> bool:
+    """SIGSTOP among the process's pending signals (/proc/<pid>/status SigPnd or ShdPnd bit masks)."""
+    import signal
+    from pathlib import Path
+
+    bit = 1 << (signal.SIGSTOP - 1)
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & bit:
+            return True
+    return False
 
 
 def test_a_rejection_is_counted_under_the_rule_our_router_names() -> None:
