@@ -30,8 +30,10 @@ closing their streams (vLLM aborts a request whose client left).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -66,12 +68,14 @@ class Stream:
         self.finish_reason: str | None = None
         self.error: BaseException | None = None
         self.closing = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(xargs,), daemon=True)
+        # The client is built here, on the test's thread: CI once saw two of four holder threads
+        # still inside client construction a minute later, so the batch never filled.
+        client = engine.openai(timeout=PHASE_TIMEOUT_S * 2)
+        self.thread = threading.Thread(target=self._run, args=(client, xargs), daemon=True)
         self.thread.start()
 
-    def _run(self, xargs: dict[str, Any]) -> None:
+    def _run(self, client: Any, xargs: dict[str, Any]) -> None:
         try:
-            client = self.engine.openai(timeout=PHASE_TIMEOUT_S * 2)
             self.sent_at = time.time()
             stream = client.completions.create(
                 model=self.engine.model_name, prompt=f"{self.name} request", max_tokens=self.max_tokens,
@@ -103,9 +107,16 @@ class Stream:
         first = self.first_token_at
         return None if first is None or self.sent_at is None else first - self.sent_at
 
+    def _where(self) -> str:
+        """Where this stream's thread is now (for a report on a request that was never sent)."""
+        frame = sys._current_frames().get(self.thread.ident or -1)
+        if frame is None:
+            return ""
+        return ", thread at:\n" + "".join(traceback.format_stack(frame)[-4:])
+
     def describe(self) -> str:
         if self.sent_at is None:
-            return f"{self.name}: not sent"
+            return f"{self.name}: not sent{self._where()}"
         rel = [round(t - self.sent_at, 3) for t in self.token_times]
         head = rel[:3] + (["..."] if len(rel) > 4 else []) + rel[3:][-1:]
         return (
