@@ -280,6 +280,8 @@ def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) ->
         "m:no-queue rule": jit(short_reply=ShortReplyRule.NO_QUEUE),
         "m:one-token admission": jit(short_reply=ShortReplyRule.ONE_TOKEN),
         "m:bound admission": jit(short_reply=ShortReplyRule.BOUND),
+        "m:later stages exempt": jit(short_reply=ShortReplyRule.LATER_STAGES),
+        "m:half-bound admission": jit(short_reply=ShortReplyRule.HALF_BOUND),
         "m:B=max_num_seqs": lambda ctx: jit(params={"batch_size": ctx.batch_size})(ctx),
         "m:least-load placement (no admission)": jit(placement="least-load", router_admission=False),
     }

@@ -39,6 +39,9 @@ class ShortReplyRule(StrEnum):
     NO_QUEUE = "no-queue"  # only on a replica with a free slot and no queue delay
     ONE_TOKEN = "one-token"  # anywhere a one-token reply would be on time
     BOUND = "bound"  # nowhere: admission by the length bound alone
+    # measured and not kept (docs/decisions/core.md, "The busy-replica rule, refined"):
+    LATER_STAGES = "later-stages"  # OCCUPANCY, but a stage carrying earlier calls' goodput goes anywhere
+    HALF_BOUND = "half-bound"  # anywhere if on time with half its bound; OCCUPANCY below that
 
 
 class Rejection(StrEnum):
@@ -247,14 +250,19 @@ def place(
         slots = np.full(blocks * n, table.add(request))
         both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
         ahead, an_feasible = judged(both)
-        needs_short_reply = False
+        needs_short_reply = shorter_than_bound = False
+        if not an_feasible.any() and short_reply is ShortReplyRule.HALF_BOUND and table.len_ub[slots[0]] > 1:
+            table.len_ub[slots[0]] //= 2
+            both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
+            ahead, an_feasible = judged(both)
+            shorter_than_bound = bool(an_feasible.any())
         if not an_feasible.any():
             # The conservative bound sizes bandwidth; it must not reject a request that a shorter (yet
             # possible) reply would serve on time. Reject only when even a one-token reply would be late.
             table.len_ub[slots[0]] = 1
             both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
             ahead, an_feasible = judged(both)
-            needs_short_reply = True
+            needs_short_reply = shorter_than_bound = True
     finally:
         if request.request_id in table:  # empty again for the next call, whatever happened
             table.remove(request.request_id)
@@ -274,7 +282,7 @@ def place(
         # On time only if the reply is shorter than its bound: take it only where it costs no one else.
         # Doomed long replies admitted onto a loaded replica hold batch slots that later arrivals would
         # have used (docs/decisions/core.md, "Admission").
-        feasible = feasible & _short_reply_room(short_reply, occupied, batch, delay)
+        feasible = feasible & _short_reply_room(short_reply, occupied, batch, delay, request)
         if not feasible.any():
             return Placement(
                 None,
@@ -289,7 +297,7 @@ def place(
     if eligible.any():
         score = np.where(eligible, rank, -np.inf)
         reason = "admitted by replica-specific priority"
-        if needs_short_reply:
+        if shorter_than_bound:
             reason = "admitted: on time only if the reply is shorter than its length bound"
         elif not (eligible & feasible_q).any():
             reason = (
@@ -335,11 +343,14 @@ def _short_reply_room(
     occupied: np.ndarray,
     batch: np.ndarray,
     delay: np.ndarray,
+    request: NewRequest,
 ) -> np.ndarray:
     """Which sampled replicas may take a request that is on time only with a shorter-than-bound reply."""
     if rule is ShortReplyRule.NO_QUEUE:
         return (occupied < batch) & (delay <= 0)
-    if rule is ShortReplyRule.OCCUPANCY:
+    if rule is ShortReplyRule.LATER_STAGES and request.program_goodput > 0:
+        return np.full(occupied.shape, True)
+    if rule in (ShortReplyRule.OCCUPANCY, ShortReplyRule.LATER_STAGES, ShortReplyRule.HALF_BOUND):
         return occupied < OCCUPANCY_SHARE * batch
     return np.full(occupied.shape, rule is ShortReplyRule.ONE_TOKEN)
 

@@ -99,6 +99,26 @@ def test_the_short_reply_rules_kept_for_the_ablation():
     assert place(req, [queued], now=0.0, short_reply=ShortReplyRule.ONE_TOKEN).replica == 0
 
 
+def test_the_refinements_measured_and_not_kept():
+    """LATER_STAGES and HALF_BOUND (docs/decisions/core.md, "The busy-replica rule, refined"): each lets
+    through exactly the short-reply requests it names, and the busy rule still holds the others."""
+    half = replica("a", running=4)  # half full: busy by the deployed rule
+    # HALF_BOUND: 40 bound tokens; a 1.2 s deadline fits ~23 (>= half the bound), 1.0 s only ~19
+    likely = place(tight(deadline=1.2), [half], now=0.0, short_reply=ShortReplyRule.HALF_BOUND)
+    assert likely.replica == 0 and "shorter than its length bound" in likely.reason
+    assert place(tight(deadline=1.2), [half], now=0.0).rejection is Rejection.BUSY_SHORT_REPLY
+    unlikely = place(tight(deadline=1.0), [half], now=0.0, short_reply=ShortReplyRule.HALF_BOUND)
+    assert unlikely.rejection is Rejection.BUSY_SHORT_REPLY
+    # LATER_STAGES: the same request carrying an earlier call's goodput goes to the busy replica
+    stage = NewRequest(
+        "s", SLO.deadline_slo(1.0), arrival=0.0, input_len=200, max_tokens=40, program_goodput=50
+    )
+    assert place(stage, [half], now=0.0, short_reply=ShortReplyRule.LATER_STAGES).replica == 0
+    assert place(stage, [half], now=0.0).rejection is Rejection.BUSY_SHORT_REPLY
+    fresh = place(tight(deadline=1.0), [half], now=0.0, short_reply=ShortReplyRule.LATER_STAGES)
+    assert fresh.rejection is Rejection.BUSY_SHORT_REPLY
+
+
 def test_a_request_on_time_with_its_bound_ignores_busyness():
     # feasible with the full 40-token bound (3 s deadline): a busy replica with free slots still takes it
     p = place(tight(deadline=3.0), [replica("a", running=6)], now=0.0)
