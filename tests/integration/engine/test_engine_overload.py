@@ -61,16 +61,15 @@ class Stream:
     """One streaming completion consumed on a thread; records when each chunk reached the client.
     `close()` drops the connection at the next chunk, which makes vLLM abort the request."""
 
-    def __init__(self, engine: SlowEngine, name: str, max_tokens: int, xargs: dict[str, Any]) -> None:
+    def __init__(
+        self, engine: SlowEngine, client: Any, name: str, max_tokens: int, xargs: dict[str, Any]
+    ) -> None:
         self.engine, self.name, self.max_tokens = engine, name, max_tokens
         self.sent_at: float | None = None
         self.token_times: list[float] = []
         self.finish_reason: str | None = None
         self.error: BaseException | None = None
         self.closing = threading.Event()
-        # The client is built here, on the test's thread: CI once saw two of four holder threads
-        # still inside client construction a minute later, so the batch never filled.
-        client = engine.openai(timeout=PHASE_TIMEOUT_S * 2)
         self.thread = threading.Thread(target=self._run, args=(client, xargs), daemon=True)
         self.thread.start()
 
@@ -133,11 +132,15 @@ class Overload:
         self.run = uuid.uuid4().hex[:8]
         self.streams: dict[str, Stream] = {}
         self.holders: list[str] = []
+        # One client for every stream, built here on the test's thread (httpx clients are thread-safe):
+        # CI once saw two of four holder threads, each building its own client, still before their
+        # request a minute later, so the batch never filled.
+        self.client = engine.openai(timeout=PHASE_TIMEOUT_S * 2)
 
     def submit(self, name: str, max_tokens: int, xargs: dict[str, Any]) -> Stream:
         # length_bound = max_tokens: GMAX's inputs do not depend on what the length predictor learned
         xargs = {**xargs, "length_bound": max_tokens, "tenant": f"{self.run}-{name}"}
-        self.streams[name] = Stream(self.engine, name, max_tokens, xargs)
+        self.streams[name] = Stream(self.engine, self.client, name, max_tokens, xargs)
         return self.streams[name]
 
     def wait(self, what: str, predicate: Callable[[], bool], timeout: float = PHASE_TIMEOUT_S) -> None:
@@ -225,6 +228,7 @@ class Overload:
         for stream in self.streams.values():
             stream.thread.join(PHASE_TIMEOUT_S)
         self.wait("idle again", self.queued(0, 0))
+        self.client.close()
 
 
 @pytest.fixture
