@@ -631,6 +631,7 @@ class Fleet:
                 cpu_slot=0,
                 cpu_slots=args.engines,
                 ready_timeout_s=args.ready_timeout,
+                classes_file=Path(args.classes_file) if args.classes_file else None,
             )
             self.sets[policy] = up.Stack(cfg, stop)
         self.vr_binary = (
@@ -1302,6 +1303,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="engines per stack (2, as jitserve demo: engine i of every set on core i, one thread each)",
     )
     p.add_argument("--max-num-seqs", type=int, default=8, help="sequences per batch per engine (8)")
+    p.add_argument(
+        "--classes-file",
+        help="SLO classes JSON for the engines and our router (as `jitserve up --classes-file`), e.g. "
+        "docs/examples/classes-chat-first.json; vllm-router's stacks do not read it. Each request still "
+        "carries its mix's SLO fields, and scoring stays the paper's unweighted goodput",
+    )
     p.add_argument(
         "--frame-steps",
         type=int,
