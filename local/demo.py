@@ -240,9 +240,11 @@ async def _one_call(
     except openai.RateLimitError:
         res.dropped, res.reason = True, "rejected"
     except openai.APIStatusError as e:
-        # The router answers 503 for a request it dropped before its first token (waiting_time).
-        waited = e.status_code == 503 and "waiting_time" in str(e)
-        res.dropped, res.reason = True, "dropped" if waited else f"http {e.status_code}"
+        # The router answers 503 for a request it dropped before its first token (waiting_time); any
+        # other error keeps its OpenAI `code` (e.g. no_replica), so a run's summary says which it was.
+        waited = e.status_code == 503 and (e.code == "waiting_time_exceeded" or "waiting_time" in str(e))
+        other = f"http {e.status_code}" + (f" {e.code}" if e.code else "")
+        res.dropped, res.reason = True, "dropped" if waited else other
     except openai.APIError:  # an in-stream error event: the router dropped it past waiting_time
         res.dropped, res.reason = True, "dropped"
     # A stream without a finish reason did not finish: vLLM ends every served stream with one.
