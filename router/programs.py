@@ -55,7 +55,9 @@ class Program:
     program_id: str
     slo_class: str
     arrival: float
-    deadline_abs: float
+    # D, relative to arrival: kept as such because arrival + a tiny D rounds back to arrival (a valid
+    # 1e-20 s deadline made D 0.0 by subtraction, which the pattern store rejects: a 500, found by fuzzing)
+    budget: float
     per_stage: float | None  # per-stage budget when D grows with each stage
     stages_hint: int | None
     stage: int = -1  # current stage
@@ -65,6 +67,10 @@ class Program:
     calls: list[Call] = field(default_factory=list)
     goodput_so_far: float = 0.0
     dropped: bool = False
+
+    @property
+    def deadline_abs(self) -> float:
+        return self.arrival + self.budget
 
     def graph(self, extra: tuple[int, str, int] | None = None) -> PatternGraph:
         """The partial pattern graph: recorded calls, plus (stage, model, input_len) of one starting."""
@@ -123,7 +129,7 @@ class ProgramTracker:
             assert slo.deadline is not None
             while len(self._programs) >= self.max_programs:
                 self._finish(self._programs.popitem(last=False)[1], now)
-            prog = Program(program_id, slo_class, now, now + slo.deadline, per_stage, stages_hint)
+            prog = Program(program_id, slo_class, now, slo.deadline, per_stage, stages_hint)
             self._programs[program_id] = prog
         else:
             self._programs.move_to_end(program_id)
@@ -135,8 +141,8 @@ class ProgramTracker:
         prog.open_calls += 1
         prog.last_seen = now
         if prog.per_stage is not None and prog.stages_hint is None:
-            prog.deadline_abs = max(prog.deadline_abs, prog.arrival + prog.per_stage * (s + 1))
-        total = prog.deadline_abs - prog.arrival
+            prog.budget = max(prog.budget, prog.per_stage * (s + 1))
+        total = prog.budget
         if self.store is not None:
             plan = self.store.plan(
                 prog.graph((s, model or "llm", input_len)),
@@ -197,5 +203,5 @@ class ProgramTracker:
             return
         finish = None if prog.dropped else prog.last_finish
         records = [c.record for c in prog.calls]
-        g = program_goodput(records, prog.arrival, prog.deadline_abs - prog.arrival, finish)
+        g = program_goodput(records, prog.arrival, prog.budget, finish)
         self.on_finish(prog, g)

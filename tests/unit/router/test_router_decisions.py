@@ -136,6 +136,20 @@ def test_program_sub_deadlines_without_history_split_the_budget_and_never_lag() 
     assert p1.program_goodput == 15  # 10 prompt + 5 output tokens of stage 0
 
 
+def test_a_deadline_too_small_for_the_clock_still_plans_a_stage() -> None:
+    """A valid but tiny program deadline (1e-20 s) vanishes when added to a large clock reading; the
+    pattern store must still get the program's positive budget, not the difference of absolute times
+    (0.0, a ValueError and a 500 before; found by the fuzz test)."""
+    tracker = ProgramTracker(store=PatternStore())
+    slo = SLO.compound(stages=1, per_stage=1e-20)
+    first = tracker.begin_stage("p", "compound", slo, now=1.0e6, stages_hint=1, per_stage=None)
+    assert first.stage == 0 and first.deadline_abs <= first.program_deadline_abs == 1.0e6
+    done = RequestRecord(slo, 1.0e6, 10, [1.0e6 + 1.0], finish=1.0e6 + 1.0)
+    tracker.end_call("p", done, "m", started=1.0e6)
+    later = tracker.begin_stage("p", "compound", slo, now=1.0e6 + 2.0, stages_hint=None, per_stage=None)
+    assert later.stage == 1 and later.program_deadline_abs == 1.0e6
+
+
 def test_parallel_calls_share_a_stage_and_per_stage_classes_grow_the_deadline() -> None:
     tracker = ProgramTracker(store=None)
     slo = SLO.compound(stages=1, per_stage=10)
