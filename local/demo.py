@@ -240,11 +240,11 @@ async def _one_call(
     except openai.RateLimitError:
         res.dropped, res.reason = True, "rejected"
     except openai.APIStatusError as e:
-        # The router answers 503 for a request it dropped before its first token (waiting_time); any
-        # other error keeps its OpenAI `code` (e.g. no_replica), so a run's summary says which it was.
-        waited = e.status_code == 503 and (e.code == "waiting_time_exceeded" or "waiting_time" in str(e))
+        # A request the router dropped before its first token carries the code `waiting_time_exceeded`
+        # (its message names its waiting_time or, for deadline work, its deadline); any other error
+        # keeps its code (e.g. no_replica), so a run's summary says which it was.
         other = f"http {e.status_code}" + (f" {e.code}" if e.code else "")
-        res.dropped, res.reason = True, "dropped" if waited else other
+        res.dropped, res.reason = True, "dropped" if e.code == "waiting_time_exceeded" else other
     except openai.APIError:  # an in-stream error event: the router dropped it past waiting_time
         res.dropped, res.reason = True, "dropped"
     # A stream without a finish reason did not finish: vLLM ends every served stream with one.
