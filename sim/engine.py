@@ -50,10 +50,11 @@ from jitserve.scheduler.gmax import EngineSpeed, FramePlan
 from jitserve.scheduler.goodput import latency_met, latency_on_time_tokens
 from jitserve.scheduler.policy import Policy
 from jitserve.scheduler.requests import LATENCY, NewRequest, RequestTable
+from jitserve.scheduler.speed import SpeedMeter
 from jitserve.sim.profiles import BatchTimeModel, Profile
 
 _IDLE_WAKE_S = 0.05  # an engine with queued but unadmitted work re-checks after this long
-_SPEED_STEP = 1.02  # the policies see v_token rounded to this ratio
+_SPEED_STEP = 1.02  # the policies see v_token and the prefill rate rounded to this ratio
 # step() calls in a row that may leave the clock where it is (drops, KV preemptions, plans) before the
 # engine calls it a livelock: far more than any legitimate chain (one KV preemption per running request)
 MAX_STALLED_STEPS = 10_000
@@ -164,7 +165,7 @@ class Engine:
     _step_decoded: np.ndarray = field(default_factory=lambda: np.zeros(4096, np.bool_))
     _nsteps: int = 0
     _running: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # slots, admission order
-    _v_token: float = 0.0
+    meter: SpeedMeter = field(default_factory=SpeedMeter)  # what the policy plans with, as the engine's
     _speed: EngineSpeed | None = None
     _kv_cache: int = -1  # KV tokens in use; -1 = recompute
     _feats: np.ndarray = field(default_factory=lambda: np.zeros((0, 6), np.float64))
@@ -178,8 +179,12 @@ class Engine:
 
     def __post_init__(self) -> None:
         self._sync_capacity()
-        self._v_token = self.timing.decode_step_time(max(self.config.batch_size // 4, 1), 1024.0)
         self._prefill_rate = self.timing.prefill_tokens_per_s(min(self.config.token_budget, 2048))
+        # The engine's own meter, primed as a calibrated engine starts; then fed every simulated step
+        # as the vLLM adapter feeds it every real one (v_token over every step that decodes).
+        prior = self.timing.decode_step_time(max(self.config.batch_size // 4, 1), 1024.0)
+        self.meter.step_time = self.meter.decode_step_time = prior
+        self.meter.prefill_tokens_per_s = self._prefill_rate
         # The core's frame driver on simulated time. Policies with frame_steps == 1 are unframed here
         # (planned on events only), and frames close with the latest plan: see scheduler/frames.py.
         self.driver = FrameDriver(
@@ -218,15 +223,16 @@ class Engine:
         return self._kv_cache
 
     def speed(self) -> EngineSpeed:
-        # v_token in 2% steps: EngineSpeed validates on construction, so it is rebuilt only when the
-        # step changes, and the speed is a function of v_token alone, never of how often it is read
-        # (the router model reads it at every arrival; a replay does not).
-        step = _SPEED_STEP ** round(math.log(self._v_token) / math.log(_SPEED_STEP))
+        # The meter's estimates in 2% steps: EngineSpeed validates on construction, so it is rebuilt
+        # only when they change, and the speed never depends on how often it is read (the router model
+        # reads it at every arrival; a replay does not).
+        step = _SPEED_STEP ** round(math.log(self.meter.step_time) / math.log(_SPEED_STEP))
+        rate = _SPEED_STEP ** round(math.log(self.meter.prefill_tokens_per_s) / math.log(_SPEED_STEP))
         cached = self._speed
-        if cached is None or float(cached.step_time) != step:
+        if cached is None or float(cached.step_time) != step or float(cached.prefill_tokens_per_s) != rate:
             cached = EngineSpeed(
                 step_time=step,
-                prefill_tokens_per_s=self._prefill_rate,
+                prefill_tokens_per_s=rate,
                 swap_bytes_per_s=self.profile.swap_bytes_per_s,
                 kv_bytes_per_token=self.profile.model.kv_bytes_per_token,
             )
@@ -341,6 +347,7 @@ class Engine:
             for slot in plan.preempt.tolist():
                 if self.table.active[slot] and self.table.running[slot]:
                     self._preempt(slot, self.config.preemption)
+                    self.table.mark_preempted(slot)  # the policy's, as the engine runner marks it
         if self._kv_preempted:
             return  # vLLM: no waiting request is scheduled in a step that preempted for KV blocks
         running = set(self._running.tolist())
@@ -477,8 +484,7 @@ class Engine:
         self.stats.steps += k
         self.stats.busy_s += k * dt
         self.driver.advance(k)
-        if dec.size and not pre.size:
-            self._v_token = 0.8 * self._v_token + 0.2 * dt
+        self.meter.observe(dt, int(dec.size), int(chunks.sum()), k)
         # Completions
         run = self._running
         finished = run[gen[run] >= self._true[run]]

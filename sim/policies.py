@@ -77,10 +77,12 @@ class PolicySetup:
     label: str = ""
 
 
-def _jitserve(ctx: SimContext, oracle: bool, ranking: str = "jit") -> PolicySetup:
+def _jitserve(ctx: SimContext, oracle: bool, ranking: str = "jit", preemption: str = "auto") -> PolicySetup:
     """JITServe: GMAX with just-in-time bandwidth (`ranking="jit"`, preempts mid-frame) or Algorithm 1's
-    ranking alone (`"paper"`: `jitserve-paper`, the ablation), on the same engine, router and analyzer."""
-    params = GMAXParams(batch_size=ctx.gmax_batch_size, preemption="auto")
+    ranking alone (`"paper"`: `jitserve-paper`, the ablation), on the same engine, router and analyzer.
+    `preemption`: how the engine preempts and GMAX prices it (`auto`: the cheaper of a swap and a
+    recompute, a GPU engine with host memory to swap to; `recompute`: vLLM V1, as `jitserve engine`)."""
+    params = GMAXParams(batch_size=ctx.gmax_batch_size, preemption=preemption)
     if ranking == "paper":
         name = "jitserve-paper-oracle" if oracle else "jitserve-paper"
         policy = GMAXPolicy(params=dataclasses.replace(params, oracle=oracle), ranking="paper", name=name)
@@ -89,7 +91,7 @@ def _jitserve(ctx: SimContext, oracle: bool, ranking: str = "jit") -> PolicySetu
     label = "JITServe" if ranking == "jit" else "JITServe (paper ranking)"
     return PolicySetup(
         policy,
-        engine={"chunked_prefill": True, "token_budget": ctx.sarathi_budget, "preemption": "auto"},
+        engine={"chunked_prefill": True, "token_budget": ctx.sarathi_budget, "preemption": preemption},
         deadlines="oracle" if oracle else "analyzer",
         # The router admits via place() as deployed (one-token feasibility, the busy-replica rule;
         # docs/decisions/core.md, "Admission"; measurements with and without in docs/benchmarks/sim.md).
@@ -162,12 +164,20 @@ def _baseline(module: str, attr: str) -> Callable[[SimContext], PolicySetup]:
     return build
 
 
+def _engine_batch(ctx: SimContext) -> SimContext:
+    """GMAX's B = max_num_seqs, as `jitserve engine` runs it (no TBT-derived cap)."""
+    return dataclasses.replace(ctx, gmax_step_share=math.inf)
+
+
 FACTORIES: dict[str, Callable[[SimContext], PolicySetup]] = {
     "jitserve": lambda ctx: _jitserve(ctx, oracle=False),
     "jitserve-oracle": lambda ctx: _jitserve(ctx, oracle=True),
-    # B = max_num_seqs, as a real `jitserve engine` runs GMAX (jitserve bench's model of a real stack)
-    "jitserve-engine-batch": lambda ctx: _jitserve(
-        dataclasses.replace(ctx, gmax_step_share=math.inf), oracle=False
+    # a real `jitserve engine` (jitserve bench's model of a real stack): B = max_num_seqs, and every
+    # preemption a recompute, priced as one (vLLM V1 has no swap; engine/settings.py)
+    "jitserve-engine-batch": lambda ctx: _jitserve(_engine_batch(ctx), False, preemption="recompute"),
+    "jitserve-oracle-engine-batch": lambda ctx: _jitserve(_engine_batch(ctx), True, preemption="recompute"),
+    "jitserve-paper-engine-batch": lambda ctx: _jitserve(
+        _engine_batch(ctx), False, ranking="paper", preemption="recompute"
     ),
     # Algorithm 1's ranking alone, preemption at frame boundaries only (the ablation of just-in-time GMAX)
     "jitserve-paper": lambda ctx: _jitserve(ctx, oracle=False, ranking="paper"),

@@ -302,6 +302,9 @@ def simulate(
                 len_ub=ub,
                 true_len=call.output_len,
                 deadline_abs=deadline if prog.slo_type is not SLOType.LATENCY else None,
+                program_deadline_abs=prog.arrival + float(prog.slo.deadline)
+                if prog.slo_type is SLOType.COMPOUND and prog.slo.deadline is not None
+                else None,
                 program_goodput=share,
             )
             first_by, abort_at = aborts(prog, stage_idx, call, now) if aborts else (math.inf, math.inf)

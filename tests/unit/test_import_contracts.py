@@ -57,9 +57,9 @@ def test_the_contracts_hold() -> None:
         ),
         (
             "scheduler/gmax.py",
-            "from jitserve.engine import speed",
+            "from jitserve.engine import runner",
             "Core is pure (jitserve.scheduler)",
-            "jitserve.scheduler.gmax -> jitserve.engine.speed",
+            "jitserve.scheduler.gmax -> jitserve.engine.runner",
         ),
         (
             "sim/simulator.py",

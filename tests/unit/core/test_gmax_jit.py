@@ -156,6 +156,25 @@ def test_a_stream_ahead_of_its_timeline_keeps_its_slot():
     assert "new" in table.ids(plan.batch)
 
 
+def test_a_request_yields_its_slot_at_most_once_where_preemption_recomputes():
+    """Recomputed, a victim re-prefills its prompt and reply; under overload victims became urgent and
+    preempted each other in turn (real engines: 170 preemptions in a 2-minute trace, some requests
+    9 times; docs/decisions/core.md, "One recompute per request"). A request preempted once keeps its
+    slot after, where preemption recomputes; with swap it may yield again."""
+    table = RequestTable()
+    _full_batch_of_loose_deadlines(table)
+    for i in (0, 1, 3):
+        table.mark_preempted(table.slot(f"loose{i}"))  # yielded before, and admitted again since
+    table.add(_chat("chat"))
+    assert table.ids(plan_frame(table, 0.0, SPEED, JIT).preempt) == ["loose2"]
+    table.mark_preempted(table.slot("loose2"))
+    plan = plan_frame(table, 0.0, SPEED, JIT)
+    assert plan.preempt.size == 0 and "chat" not in table.ids(plan.batch)
+    assert plan_frame(table, 0.0, SPEED, replace(JIT, preemption="swap")).preempt.size == 1
+    table.remove("loose0")  # its slot frees: the preempted-before rule does not stop admission
+    assert "chat" in table.ids(plan_frame(table, 0.0, SPEED, JIT).batch)
+
+
 def test_a_stream_on_its_timeline_is_reserved_and_kept():
     table = RequestTable()
     table.add(_chat("on-time", arrival=0.0, ttft=1.0, tbt=0.06))  # 10 ms per token of margin only

@@ -21,7 +21,6 @@ from jitserve.engine.cli import ADAPTER_CLS, MIDDLEWARE, add_arguments, build_co
 from jitserve.engine.http import JITServeStateMiddleware
 from jitserve.engine.runner import FrameRunner
 from jitserve.engine.settings import SchedulerSettings
-from jitserve.engine.speed import SpeedMeter
 from jitserve.engine.state import EngineState, prometheus_text, read_state, write_atomic
 from jitserve.scheduler.contracts.xargs import XARGS_KEYS, parse_xargs
 from jitserve.scheduler.frames import FULL, LIGHT
@@ -109,34 +108,7 @@ def _write(tmp_path: Path, default: str) -> Path:
     return p
 
 
-# ------------------------------------------------------------------------------- speed and goodput
-
-
-def test_speed_meter_separates_decode_and_prefill() -> None:
-    m = SpeedMeter()
-    for _ in range(50):
-        m.observe(0.040, decode_seqs=4, prefill_tokens=0)
-    assert m.step_time == pytest.approx(0.040)
-    for _ in range(50):
-        m.observe(0.040 + 512 / 2000, decode_seqs=4, prefill_tokens=512)  # 512 prompt tokens at 2000/s
-    assert m.prefill_tokens_per_s == pytest.approx(2000, rel=1e-6)
-    m.observe(0.5, decode_seqs=4, prefill_tokens=3)  # a tiny prompt: admission overhead, not a rate sample
-    assert m.prefill_tokens_per_s == pytest.approx(2000, rel=1e-6)
-
-
-def test_speed_meter_step_time_is_what_a_running_request_waits() -> None:
-    """v_token is the wall time of every decoding step, prompt work in it or not: running requests wait
-    for those steps too. The old meter sampled decode-only steps and reported 40 ms here."""
-    m = SpeedMeter()
-    for _ in range(200):  # three steps in four admit a small prompt (about 10 ms more each)
-        m.observe(0.040, decode_seqs=8, prefill_tokens=0)
-        for _ in range(3):
-            m.observe(0.050, decode_seqs=8, prefill_tokens=20)
-    assert m.step_time == pytest.approx(0.0475, rel=0.02)  # the mean step, not the decode-only one
-    assert m.decode_step_time == pytest.approx(0.040)
-    m.observe(1.0, decode_seqs=0, prefill_tokens=512)  # nothing decoding: no one waited on this step
-    assert m.step_time == pytest.approx(0.0475, rel=0.02)
-    assert m.speed().step_time == m.step_time
+# ------------------------------------------------------------------------------------------ goodput
 
 
 def test_goodput_window_per_class() -> None:

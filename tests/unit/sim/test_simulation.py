@@ -137,10 +137,10 @@ def test_router_admission_rejects_only_under_jitserve_and_by_its_rule(spec) -> N
     finally:
         del policies.FACTORIES["_bound"]
     # admission by the length bound also rejects what only a shorter-than-bound reply would save; place()
-    # does so too on a replica with a queue, which under this overload is every one
-    assert bound.rejected >= on["jitserve"].rejected
-    busy = sum(v for k, v in bound.rejections_by_rule.items() if k.endswith(": busy_short_reply"))
-    assert busy > sum(v for k, v in by_rule.items() if k.endswith(": busy_short_reply"))
+    # does so too on a replica with a queue, which under this overload is every one: more programs are
+    # turned away (per call the counts depend on how far each program got, so programs are compared)
+    assert bound.rejected > on["jitserve"].rejected
+    assert any(k.endswith(": busy_short_reply") for k in bound.rejections_by_rule)
 
 
 def test_overload_downgrade_serves_what_admission_would_reject(spec) -> None:  # type: ignore[no-untyped-def]

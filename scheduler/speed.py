@@ -33,16 +33,17 @@ class SpeedMeter:
     _prefill_tokens: float = 0.0
     _prefill_seconds: float = 0.0
 
-    def observe(self, seconds: float, decode_seqs: int, prefill_tokens: int) -> None:
-        """One engine step took `seconds` for `decode_seqs` decoding sequences and `prefill_tokens`."""
-        if seconds <= 0 or (decode_seqs == 0 and prefill_tokens == 0):
+    def observe(self, seconds: float, decode_seqs: int, prefill_tokens: int, steps: int = 1) -> None:
+        """`steps` engine steps took `seconds` each for `decode_seqs` decoding sequences and
+        `prefill_tokens` (the simulator advances runs of identical steps at once; an engine passes 1)."""
+        if seconds <= 0 or steps < 1 or (decode_seqs == 0 and prefill_tokens == 0):
             return
         if decode_seqs:
-            self.step_time = self._ewma(self.step_time, seconds, self.step_samples)
-            self.step_samples += 1
+            self.step_time = self._ewma(self.step_time, seconds, self.step_samples, steps)
+            self.step_samples += steps
         if prefill_tokens == 0:
-            self.decode_step_time = self._ewma(self.decode_step_time, seconds, self.decode_samples)
-            self.decode_samples += 1
+            self.decode_step_time = self._ewma(self.decode_step_time, seconds, self.decode_samples, steps)
+            self.decode_samples += steps
             return
         if prefill_tokens < self.min_prefill_tokens:
             # Admitting a request has a fixed cost (setup, sampling) that tiny prompts would book as
@@ -52,14 +53,17 @@ class SpeedMeter:
         # absurd rate; tokens and seconds are averaged separately (a ratio of sums, not of ratios).
         extra = max(seconds - (self.decode_step_time if decode_seqs else 0.0), 0.1 * seconds)
         decay = 1 - self.alpha
-        self._prefill_tokens = decay * self._prefill_tokens + prefill_tokens
-        self._prefill_seconds = decay * self._prefill_seconds + extra
+        kept = decay**steps  # `steps` identical samples at once: the geometric sum of their weights
+        added = (1 - kept) / self.alpha
+        self._prefill_tokens = kept * self._prefill_tokens + added * prefill_tokens
+        self._prefill_seconds = kept * self._prefill_seconds + added * extra
         self.prefill_tokens_per_s = self._prefill_tokens / self._prefill_seconds
-        self.prefill_samples += 1
+        self.prefill_samples += steps
 
-    def _ewma(self, estimate: float, sample: float, samples: int) -> float:
-        a = self.alpha if samples else 1.0  # the first sample replaces the prior
-        return (1 - a) * estimate + a * sample
+    def _ewma(self, estimate: float, sample: float, samples: int, steps: int = 1) -> float:
+        if not samples:  # the first sample replaces the prior
+            return sample
+        return sample + (estimate - sample) * (1 - self.alpha) ** steps
 
     def speed(self) -> EngineSpeed:
         return EngineSpeed(step_time=self.step_time, prefill_tokens_per_s=self.prefill_tokens_per_s)
