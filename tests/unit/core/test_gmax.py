@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import deadline_request
@@ -253,17 +255,26 @@ def test_waiting_time_drops_only_unstarted_requests():
 
 def test_unstarted_deadline_work_waits_for_its_deadline_not_its_waiting_time():
     """Dropped at its waiting_time while its deadline is still reachable, a compound stage would lose
-    its whole program, and unstarted it holds no slot: deadline and compound work is dropped unstarted
-    once its deadline (a stage's sub-deadline) has passed (`NewRequest.drop_at`)."""
+    its whole program, and unstarted it holds no slot: deadline work is dropped unstarted once its
+    deadline has passed, a compound stage once its program's has (not its sub-deadline D_s, which only
+    paces the stages: `NewRequest.drop_at`; docs/decisions/core.md, "A stage waits for its program")."""
     table = RequestTable()
     table.add(NewRequest("d", SLO.deadline_slo(20, waiting_time=1.0), arrival=0.0, input_len=5, max_tokens=5))
     stage = NewRequest(
-        "c", SLO.compound(2, waiting_time=1.0), arrival=0.0, input_len=5, max_tokens=5, deadline_abs=8.0
+        "c",
+        SLO.compound(2, waiting_time=1.0),
+        arrival=0.0,
+        input_len=5,
+        max_tokens=5,
+        deadline_abs=8.0,
+        program_deadline_abs=14.0,
     )
     table.add(stage)
-    assert stage.drop_at() == 8.0
+    assert stage.drop_at() == 14.0
+    assert replace(stage, program_deadline_abs=None).drop_at() == 8.0  # no program known: its own D_s
     assert table.ids(plan_frame(table, 2.0, SPEED, GMAXParams()).drop) == []
-    assert table.ids(plan_frame(table, 9.0, SPEED, GMAXParams()).drop) == ["c"]
+    assert table.ids(plan_frame(table, 9.0, SPEED, GMAXParams()).drop) == []  # past D_s, program still on
+    assert table.ids(plan_frame(table, 15.0, SPEED, GMAXParams()).drop) == ["c"]
     assert set(table.ids(plan_frame(table, 21.0, SPEED, GMAXParams()).drop)) == {"c", "d"}  # still unstarted
 
 

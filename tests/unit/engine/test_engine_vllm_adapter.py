@@ -40,6 +40,7 @@ CLASSES = {
     # a stream with a loose TTFT: dropped unstarted at its waiting_time (deadline work waits for its deadline)
     "quick-drop": {"type": "latency", "ttftSeconds": 300.0, "waitingTimeSeconds": 1.0},
     "patient-batch": {"type": "best-effort", "deadlineSeconds": 300.0, "waitingTimeSeconds": 1.0},
+    "agent": {"type": "compound", "deadlineSeconds": 60.0, "waitingTimeSeconds": 2.0},
 }
 
 
@@ -86,6 +87,10 @@ def test_xargs_reach_the_table(jit_env: Path, tiny_model_dir: Path, monkeypatch:
     s.add_request(make_request("b", {"deadline": 42, "length_bound": 3}, max_tokens=9))
     s.add_request(make_request("c", None))
     s.add_request(make_request("d", {"slo_class": "nope"}))
+    # a compound stage as the router sends it: the program's remaining budget and this stage's D_s
+    s.add_request(
+        make_request("e", {"slo_class": "agent", "deadline": 40, "stage_deadline": 15, "program_id": "p"})
+    )
     t, meta = s.jit.table, s.jit.meta
     assert meta["a"].info.slo_class == "tight" and meta["a"].info.slo.waiting_time == 2.5
     a = t.slot("a")
@@ -95,6 +100,9 @@ def test_xargs_reach_the_table(jit_env: Path, tiny_model_dir: Path, monkeypatch:
     assert meta["c"].info.slo_class == "loose"  # no SLO: the pool's default class
     assert meta["d"].info.slo_class == "loose" and "unknown SLO class 'nope'" in (meta["d"].info.error or "")
     assert s.jit.invalid_slo_total == 1
+    e = t.slot("e")
+    assert t.deadline_abs[e] == pytest.approx(meta["e"].arrival + 15.0)  # paced by its sub-deadline
+    assert t.waiting_deadline[e] == pytest.approx(meta["e"].arrival + 40.0)  # dropped at the program's
 
 
 def test_waiting_queue_follows_the_policy_order(
@@ -237,6 +245,7 @@ def test_preempts_exactly_the_plans_victims_and_only_at_frames(
     assert [r.req_id for r in out.scheduled_new_reqs] == ["a-urgent"]
     assert s.jit.preempted_total == 1
     assert not s.jit.table.running[s.jit.table.slot("z-long")]
+    assert s.jit.table.preempted[s.jit.table.slot("z-long")]  # GMAX will not make it yield again
     policy.preempt_ids = set()
     outputs = run_until_idle(s)
     finished = [o.request_id for o in outputs if o.finish_reason is not None]
