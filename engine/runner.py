@@ -284,10 +284,7 @@ class FrameRunner:
                 max_tokens=max_tokens,
                 len_ub=len_ub,
                 deadline_abs=info.deadline_abs,
-                # the router sends a stage's program deadline as its remaining budget, `deadline`
-                program_deadline_abs=arrival + info.slo.deadline
-                if info.deadline_abs is not None and info.slo.deadline is not None
-                else None,
+                program_deadline_abs=info.program_deadline_abs,
                 program_goodput=info.program_goodput,
                 tenant=tenant,
             )

@@ -65,6 +65,7 @@ class RequestSLO:
     slo_class: str
     slo: SLO
     deadline_abs: float | None = None  # compound stage: absolute sub-deadline; None -> slo.deadline
+    program_deadline_abs: float | None = None  # compound stage: the program's deadline (absolute)
     program_id: str | None = None
     program_goodput: float = 0.0
     tenant: str = ""
@@ -99,9 +100,12 @@ def parse_xargs(
         name, slo = resolve_request_slo(
             {k: xargs[k] for k in SLO_KEYS if k in xargs}, classes, default_class, stages=stages
         )
-        deadline_abs = None
+        deadline_abs = program_deadline_abs = None
         if xargs.get(STAGE_DEADLINE) is not None:
             deadline_abs = arrival + _number(STAGE_DEADLINE, xargs[STAGE_DEADLINE], 1e-9)
+            # a stage's `deadline` is its program's remaining budget (render_xargs' deadline_rel)
+            if slo.deadline is not None:
+                program_deadline_abs = arrival + slo.deadline
         program_goodput = 0.0
         if xargs.get(PROGRAM_GOODPUT) is not None:
             program_goodput = _number(PROGRAM_GOODPUT, xargs[PROGRAM_GOODPUT], 0.0)
@@ -116,6 +120,7 @@ def parse_xargs(
         slo_class=name,
         slo=slo,
         deadline_abs=deadline_abs,
+        program_deadline_abs=program_deadline_abs,
         program_id=None if program_id is None else str(program_id),
         program_goodput=program_goodput,
         tenant=str(xargs.get(TENANT) or ""),

@@ -41,6 +41,7 @@ def test_xargs_resolve_classes_overrides_and_compound_fields() -> None:
     assert info.error is None and info.slo.type is SLOType.COMPOUND
     assert info.slo.deadline == 60.0  # per-stage class deadline x 3 stages
     assert info.deadline_abs == 112.5 and info.program_id == "p1" and info.program_goodput == 40.0
+    assert info.program_deadline_abs == 160.0  # the program's: a stage waits for it, not for D_s
     assert (info.tenant, info.length_bound) == ("acme", 64)
 
 
