@@ -624,14 +624,17 @@ def _plan_jit(
     free = max(B - np.count_nonzero(running), 0)
     incoming = reserved[~running[reserved]]
     preempt_pos = incoming[:0]
-    if params.preemption != "never" and incoming.size > free:
+    swaps = params.preemption in ("swap", "auto")
+    # On a recompute engine a preemption adds a re-prefill: worth it only while the bandwidth committed
+    # to feasible work fits the batch (docs/decisions/core.md, "Preempt only what the batch can repay").
+    fits = swaps or float(an.bw[an.feasible].sum()) <= B
+    if params.preemption != "never" and incoming.size > free and fits:
         in_reserved = np.zeros(slots.size, dtype=bool)
         in_reserved[reserved] = True
         # Where preemption recomputes (vLLM V1), a running stream never yields: it would re-prefill
         # everything and fall off its timeline (docs/decisions/core.md, "Streams keep their slots");
         # and a request yields at most once: preempted again, it re-prefills again, and under overload
         # victims became urgent and preempted each other in turn ("One recompute per request").
-        swaps = params.preemption in ("swap", "auto")
         can_yield = swaps | (~work.is_latency & ~table.preempted[slots])
         yielders = (running & ~in_reserved & can_yield).nonzero()[0]
         if yielders.size:
@@ -643,9 +646,11 @@ def _plan_jit(
     in_batch = np.isin(slots, plan.batch, assume_unique=True)
     # A running stream is not counted as yieldable: pausing it costs its place on its token timeline and a
     # re-prefill, which the preemption test rarely finds worth a newcomer's stake.
+    # An engine that would not preempt now has nothing yieldable: a newcomer waits for a slot to free.
+    can_preempt = params.preemption != "never" and fits
     reservation = Reservation(
         waiting=int(np.count_nonzero(urgent & ~in_batch)),
-        yieldable=int(np.count_nonzero(in_batch & ~urgent & ~work.is_latency)),
+        yieldable=int(np.count_nonzero(in_batch & ~urgent & ~work.is_latency)) if can_preempt else 0,
     )
     return replace(plan, reservation=reservation)
 

@@ -175,6 +175,25 @@ def test_a_request_yields_its_slot_at_most_once_where_preemption_recomputes():
     assert "chat" in table.ids(plan_frame(table, 0.0, SPEED, JIT).batch)
 
 
+def test_a_recompute_engine_does_not_preempt_while_its_committed_bandwidth_exceeds_the_batch():
+    """A recompute adds a re-prefill to an engine that already owes more bandwidth than its batch has:
+    the victim would not get its slot back in time, and the preemption only moves a miss at a cost
+    (real engines: 0.7x stock vLLM's goodput; docs/decisions/core.md, "Preempt only what the batch can
+    repay"). Where the KV cache survives (swap), nothing changes."""
+    table = RequestTable()
+    _full_batch_of_loose_deadlines(table)
+    table.add(_chat("chat"))
+    assert plan_frame(table, 0.0, SPEED, JIT).preempt.size == 1  # 4 loose requests + a chat: fits
+    for i in range(5):  # 5 s of work each, due in 6 s: 0.83 of a slot each
+        table.add(deadline_request(f"tight{i}", deadline=6.0, input_len=0, ub=100))
+    an = analyze(table, 0.0, SPEED, JIT)
+    assert an.bw[an.feasible].sum() > JIT.batch_size
+    plan = plan_frame(table, 0.0, SPEED, JIT)
+    assert plan.preempt.size == 0
+    assert table.ids(plan.order)[0] == "chat"  # still first in the queue: it takes the next slot that frees
+    assert plan_frame(table, 0.0, SPEED, replace(JIT, preemption="swap")).preempt.size >= 1
+
+
 def test_a_stream_on_its_timeline_is_reserved_and_kept():
     table = RequestTable()
     table.add(_chat("on-time", arrival=0.0, ttft=1.0, tbt=0.06))  # 10 ms per token of margin only

@@ -116,7 +116,9 @@ def _reference(table, now, speed, params, tenant_fair=None):
     swaps = params.preemption in ("swap", "auto")
     can_yield = running_pos if swaps else running_pos[slo[running_pos] != LATENCY]
     yielders = np.setdiff1d(can_yield, reserved)
-    if params.preemption != "never" and incoming.size > free and yielders.size:
+    # a recompute engine preempts only while the bandwidth committed to feasible work fits the batch
+    fits = swaps or an.bw[an.feasible].sum() <= B
+    if params.preemption != "never" and fits and incoming.size > free and yielders.size:
         incoming = incoming[free:]
         pairs = min(incoming.size, yielders.size, _MAX_PAIRS)
         incoming = incoming[:pairs]
