@@ -103,6 +103,10 @@ class _Work:
     t_gen: np.ndarray
     goodput: np.ndarray  # base goodput w_in * L_in + w_out * L_out (+ program); latency rows: see _timed
     deadline: np.ndarray
+    # compound stages: the program's deadline D, and the share of what was left of D when the stage
+    # arrived that its D_s gave it (0 for other rows)
+    program_deadline: np.ndarray
+    stage_share: np.ndarray
     is_latency: np.ndarray
     exempt: np.ndarray  # latency or best-effort: no t_rem >= t_gen feasibility test
     lat: np.ndarray  # positions of the latency rows
@@ -127,6 +131,8 @@ class _Work:
             t_gen=self.t_gen[pos],
             goodput=self.goodput[pos],
             deadline=self.deadline[pos],
+            program_deadline=self.program_deadline[pos],
+            stage_share=self.stage_share[pos],
             is_latency=self.is_latency[pos],
             exempt=self.exempt[pos],
             lat=lat,
@@ -181,10 +187,18 @@ def _work(
     v_lat = v[lat] if np.ndim(v) else v  # per-row speed (placement's K dummies) down to the latency rows
     slope = tbt - v_lat
     last = n - 1
+    deadline = table.deadline_abs[slots]
+    program_deadline = table.program_deadline[slots]
+    staged = np.isfinite(program_deadline) & (program_deadline > deadline)
+    arrival = table.arrival[slots]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(staged, (deadline - arrival) / (program_deadline - arrival), 0.0)
     return _Work(
         t_gen=t_gen,
         goodput=goodput,
-        deadline=table.deadline_abs[slots],
+        deadline=deadline,
+        program_deadline=program_deadline,
+        stage_share=np.clip(share, 0.0, 1.0),
         is_latency=is_latency,
         exempt=is_latency | (slo_type == BEST_EFFORT),
         lat=lat,
@@ -209,6 +223,13 @@ def _timed(
     one for all). `stream_t_rem=False` skips latency rows' t_rem (margins need only goodput and
     feasibility, which does not test a stream's t_rem)."""
     t_rem = work.deadline - start
+    late_stage = (work.stage_share > 0) & (t_rem < work.t_gen)
+    if late_stage.any():
+        # A stage behind its sub-deadline D_s can still finish its program: it keeps the share of what
+        # is left of D that D_s gave it when it arrived (docs/decisions/core.md, "A late stage keeps its
+        # share of what is left"). Other rows' D is inf: leave them out of the product.
+        left = np.where(late_stage, work.program_deadline, start) - start
+        t_rem = np.where(late_stage, np.maximum(t_rem, work.stage_share * left), t_rem)
     goodput = work.goodput
     lat = work.lat
     if lat.size:

@@ -29,6 +29,7 @@ _COLUMNS: tuple[tuple[str, Any, Any], ...] = (
     ("slo_type", np.int8, 0),
     ("arrival", np.float64, 0.0),
     ("deadline_abs", np.float64, np.inf),  # absolute deadline (compound: this stage's sub-deadline)
+    ("program_deadline", np.float64, np.inf),  # compound stages: the program's deadline D (absolute)
     ("ttft", np.float64, np.inf),  # latency only
     ("tbt", np.float64, np.inf),  # latency only; inf when the SLO has no TBT
     ("waiting_deadline", np.float64, np.inf),  # drop if not started by then (`NewRequest.drop_at`)
@@ -109,6 +110,7 @@ class RequestTable:
     slo_type: np.ndarray
     arrival: np.ndarray
     deadline_abs: np.ndarray
+    program_deadline: np.ndarray
     ttft: np.ndarray
     tbt: np.ndarray
     waiting_deadline: np.ndarray
@@ -161,6 +163,7 @@ class RequestTable:
         self.slo_type[slot] = SLO_TYPE_CODE[slo.type]
         self.arrival[slot] = req.arrival
         self.deadline_abs[slot] = req.due()
+        self.program_deadline[slot] = np.inf if req.program_deadline_abs is None else req.program_deadline_abs
         self.ttft[slot] = slo.ttft if slo.ttft is not None else np.inf
         self.tbt[slot] = slo.tbt if slo.tbt is not None else np.inf
         self.waiting_deadline[slot] = req.drop_at()

@@ -278,6 +278,29 @@ def test_unstarted_deadline_work_waits_for_its_deadline_not_its_waiting_time():
     assert set(table.ids(plan_frame(table, 21.0, SPEED, GMAXParams()).drop)) == {"c", "d"}  # still unstarted
 
 
+def test_a_stage_behind_its_sub_deadline_keeps_its_share_of_what_is_left_of_the_program():
+    """D_s paces a program's stages; the program counts if it ends by D. A stage that can no longer meet
+    D_s is judged against the share of what is left of D that D_s gave it when it arrived (here 8 of 16 s,
+    a half), not against D itself, which would leave its later stages no time, and not against D_s,
+    which ranked it with the infeasible until it was dropped at D (docs/decisions/core.md, "A late stage
+    keeps its share of what is left"). A deadline request has no program: past its deadline it stays
+    infeasible."""
+    table = RequestTable()
+    stage = NewRequest(
+        "c", SLO.compound(2), arrival=2.0, input_len=0, max_tokens=40, len_ub=40,
+        deadline_abs=10.0, program_deadline_abs=18.0,
+    )  # fmt: skip
+    table.add(stage)  # 40 tokens x 0.05 s = 2 s of work
+    table.add(NewRequest("d", SLO.deadline_slo(8.0), arrival=2.0, input_len=0, max_tokens=40, len_ub=40))
+    on_time = analyze(table, 4.0, SPEED, GMAXParams())
+    assert on_time.t_rem[0] == pytest.approx(6.0) and on_time.feasible.all()  # D_s still reachable
+    late = analyze(table, 9.0, SPEED, GMAXParams())  # 1 s to D_s, 2 s of work
+    assert late.t_rem[0] == pytest.approx(0.5 * (18.0 - 9.0))
+    assert late.feasible[0]
+    assert not late.feasible[1]  # the deadline request: 1 s left of its 8 s, no program to lean on
+    assert not analyze(table, 15.5, SPEED, GMAXParams()).feasible[0]  # a half of 2.5 s left: too late
+
+
 def _two_tenants(fairness: float) -> RequestTable:
     """Tenant 0 has the densest and the second densest work; tenant 1's one request, the least dense,
     is in a class with this fairnessWeight."""
