@@ -2,14 +2,16 @@
 
 Per request r (only over the table's active slots):
     t_gen(r)  = len_rem(r) * v_token + remaining prefill / prefill rate   (upper-bound work)
-    t_rem(r)  = time left to r's deadline (latency: to the last token's due time)
+    t_rem(r)  = time left to r's deadline (latency: to the last token's due time; a compound stage
+                behind its sub-deadline: its share of what is left of the program's deadline)
     bw(r)     = t_gen / t_rem                                             (minimum serving bandwidth)
     priority  = (goodput(r) + delta * frames_waited) / t_gen               (margin goodput density)
 Infeasible requests (t_rem < t_gen: they cannot earn goodput any more) leave the candidate set.
 Candidates are those with priority >= cutoff * (B-th highest priority); sorted by input length, the
 window of B consecutive candidates with the largest summed priority is the batch. Scheduling changes
 only at frame boundaries (Delta steps), and a running request is preempted only when the admitted
-request's gain over the next frame beats the stall the preemption costs.
+request's gain over the next frame beats the stall the preemption costs (on an engine that recomputes,
+only while the bandwidth committed to feasible work fits the batch).
 """
 
 from __future__ import annotations
