@@ -544,6 +544,7 @@ def compare(
             "real": metrics(real[policy], record["slo_scale"]),
             "sim": metrics(sim, record["slo_scale"]),
             "real_drops": _reasons(real[policy]),
+            "real_rejections": _rules(real[policy]),
             "sim_drops": _reasons(sim),
             "calibration": cal.summary() if cal is not None and profile_name is None else profile_name,
             "stretch": factor,
@@ -581,6 +582,12 @@ def _reasons(results: list[Any]) -> dict[str, int]:
     return demo.drop_reasons(results)
 
 
+def _rules(results: list[Any]) -> dict[str, int]:
+    from jitserve.local import demo
+
+    return demo.rejections_by_rule(results)
+
+
 def gap(sim: float | None, real: float | None) -> float | None:
     if sim is None or real is None or real == 0:
         return None
@@ -598,6 +605,8 @@ def format_rows(rows: dict[str, Any]) -> str:
             shown = "n/a" if g is None else f"{g:+.0%}"
             lines.append(f"{policy:<14}{metric:<12}{fmt(r):>10}{fmt(s):>10}{shown:>8}{flag}")
         lines.append(f"{'':<14}drops: real {row['real_drops'] or 'none'}, sim {row['sim_drops'] or 'none'}")
+        if row.get("real_rejections"):
+            lines.append(f"{'':<14}real rejections by rule: {row['real_rejections']}")
         lines.append(f"{'':<14}simulated with: {row['calibration']}")
         if row.get("stretch"):
             lines.append(f"{'':<14}step times x{row['stretch']:.2f} (anchored to the saturation throughput)")

@@ -35,6 +35,7 @@ from typing import Any
 
 from jitserve import settings as cli_settings
 from jitserve.local.settings import DemoSettings
+from jitserve.router.errors import REJECTION_HEADER
 
 CLASSES = ("latency", "deadline", "compound")
 # stock vLLM, FCFS queue, no JITServe scheduler (jitserve engine --policy vllm)
@@ -141,6 +142,7 @@ class CallResult:
     finish: float | None = None
     dropped: bool = False
     reason: str = ""  # "", rejected (429), dropped (waiting_time), timeout, error
+    rejection: str = ""  # a 429's rule, as the router names it (`X-JITServe-Rejection`); "" otherwise
 
 
 @dataclass
@@ -237,8 +239,9 @@ async def _one_call(
         await asyncio.wait_for(consume(), timeout=timeout_s)
     except TimeoutError:
         res.dropped, res.reason = True, "timeout"
-    except openai.RateLimitError:
+    except openai.RateLimitError as e:
         res.dropped, res.reason = True, "rejected"
+        res.rejection = e.response.headers.get(REJECTION_HEADER, "")
     except openai.APIStatusError as e:
         # A request the router dropped before its first token carries the code `waiting_time_exceeded`
         # (its message names its waiting_time or, for deadline work, its deadline); any other error
@@ -401,6 +404,18 @@ def drop_reasons(results: Sequence[JobResult]) -> dict[str, int]:
             if c.dropped:
                 counts[c.reason] = counts.get(c.reason, 0) + 1
                 break
+    return counts
+
+
+def rejections_by_rule(results: Sequence[JobResult]) -> dict[str, int]:
+    """Rejected calls by the router's rule (`unknown` where the 429 named none); a program's call after
+    its first counts apart ("<rule> (later stage)"): its rejection throws away the calls already served."""
+    counts: dict[str, int] = {}
+    for r in results:
+        for i, c in enumerate(r.calls):
+            if c.reason == "rejected":
+                key = (c.rejection or "unknown") + (" (later stage)" if i > 0 else "")
+                counts[key] = counts.get(key, 0) + 1
     return counts
 
 
@@ -665,6 +680,13 @@ def report(
     for name, counts in zip(names, reasons, strict=True):
         listed = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
         print(f"drops of {name}: {listed}")
+    rules = [rejections_by_rule(r) for r in results]
+    for name, counts in zip(names, rules, strict=True):
+        if counts:
+            print(
+                f"rejected calls of {name}, by rule: "
+                + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+            )
     print(
         f"\nJITServe ({names[1]}) / {names[0]}: {_ratio(t_ours.goodput, t_base.goodput)} token goodput, "
         f"SLO attainment {t_ours.attainment:.0%} vs {t_base.attainment:.0%}"
@@ -689,6 +711,7 @@ def report(
         "policies": list(names),
         "scores": [{c: {**asdict(s), "attainment": s.attainment} for c, s in sc.items()} for sc in scores],
         "drop_reasons": reasons,
+        "rejections_by_rule": rules,
         "ratio_total": t_ours.goodput / t_base.goodput if t_base.goodput else math.inf,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from jitserve.local.demo import (
     drop_reasons,
     format_table,
     make_workload,
+    rejections_by_rule,
     score,
     slo_for,
     slo_scale_for,
@@ -152,6 +153,72 @@ def test_drop_reasons_count_each_job_once() -> None:
         JobResult(_job("deadline", [5]), [CallResult(0.0, 10, [1.0] * 5, 1.0)]),
     ]
     assert drop_reasons(results) == {"rejected": 2, "timeout": 1}
+
+
+def test_rejections_are_counted_by_rule_and_later_stages_apart() -> None:
+    """A program rejected at its second call threw away its first: the summary says so apart."""
+
+    def rejected(rule: str) -> CallResult:
+        return CallResult(0.0, dropped=True, reason="rejected", rejection=rule)
+
+    results = [
+        JobResult(_job("latency", [4]), [rejected("no_time")]),
+        JobResult(
+            _job("compound", [2, 3]), [CallResult(0.0, 4, [1.0, 2.0], 2.0), rejected("busy_short_reply")]
+        ),
+        JobResult(_job("deadline", [5]), [rejected("busy_short_reply")]),
+        JobResult(_job("deadline", [5]), [rejected("")]),  # a 429 without the header (not our router)
+        JobResult(_job("deadline", [5]), [CallResult(0.0, dropped=True, reason="timeout")]),
+    ]
+    assert rejections_by_rule(results) == {
+        "no_time": 1,
+        "busy_short_reply": 1,
+        "busy_short_reply (later stage)": 1,
+        "unknown": 1,
+    }
+
+
+def test_the_client_keeps_the_rule_of_a_429() -> None:
+    """The demo's client (the official openai SDK) against an HTTP server that answers every completion
+    with the 429 our router's admission sends, rendered by the router's own `rate_limited` (body, Retry-After,
+    X-JITServe-Rejection). A stand-in for the router: making the real one reject needs loaded engines."""
+    import asyncio
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import openai
+
+    from jitserve.local.demo import _one_call
+    from jitserve.router.errors import REJECTION_HEADER, rate_limited
+
+    error = rate_limited(
+        "every replica is busy", "slo_unmet", 2.0, headers={REJECTION_HEADER: "busy_short_reply"}
+    )
+
+    class Admission(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = error.json_bytes()
+            self.send_response(error.status)
+            for name, value in {**error.headers(), "Content-Type": "application/json"}.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Admission)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="unused", max_retries=0
+        )
+        res = asyncio.run(_one_call(client, "m", Call("hello", 4), "interactive", 0.0, {}, 10.0))
+    finally:
+        server.shutdown()
+    assert (res.dropped, res.reason, res.rejection) == (True, "rejected", "busy_short_reply")
 
 
 def test_a_classes_file_reaches_every_engine_and_the_router(tmp_path: Path) -> None:
