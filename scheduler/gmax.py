@@ -109,6 +109,7 @@ class _Work:
     # arrived that its D_s gave it (0 for other rows)
     program_deadline: np.ndarray
     stage_share: np.ndarray
+    has_stages: bool  # any row with a stage share: `_timed` skips the late-stage test without one
     is_latency: np.ndarray
     exempt: np.ndarray  # latency or best-effort: no t_rem >= t_gen feasibility test
     lat: np.ndarray  # positions of the latency rows
@@ -135,6 +136,7 @@ class _Work:
             deadline=self.deadline[pos],
             program_deadline=self.program_deadline[pos],
             stage_share=self.stage_share[pos],
+            has_stages=self.has_stages and bool(self.stage_share[pos].any()),
             is_latency=self.is_latency[pos],
             exempt=self.exempt[pos],
             lat=lat,
@@ -192,15 +194,21 @@ def _work(
     deadline = table.deadline_abs[slots]
     program_deadline = table.program_deadline[slots]
     staged = np.isfinite(program_deadline) & (program_deadline > deadline)
-    arrival = table.arrival[slots]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.where(staged, (deadline - arrival) / (program_deadline - arrival), 0.0)
+    has_stages = bool(staged.any())
+    share = np.zeros(slots.size)
+    if has_stages:  # most analyses (every placement of a non-compound request) have no stage
+        arrival = table.arrival[slots]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.clip(
+                np.where(staged, (deadline - arrival) / (program_deadline - arrival), 0.0), 0.0, 1.0
+            )
     return _Work(
         t_gen=t_gen,
         goodput=goodput,
         deadline=deadline,
         program_deadline=program_deadline,
-        stage_share=np.clip(share, 0.0, 1.0),
+        stage_share=share,
+        has_stages=has_stages,
         is_latency=is_latency,
         exempt=is_latency | (slo_type == BEST_EFFORT),
         lat=lat,
@@ -225,8 +233,8 @@ def _timed(
     one for all). `stream_t_rem=False` skips latency rows' t_rem (margins need only goodput and
     feasibility, which does not test a stream's t_rem)."""
     t_rem = work.deadline - start
-    late_stage = (work.stage_share > 0) & (t_rem < work.t_gen)
-    if late_stage.any():
+    late_stage = (work.stage_share > 0) & (t_rem < work.t_gen) if work.has_stages else None
+    if late_stage is not None and late_stage.any():
         # A stage behind its sub-deadline D_s can still finish its program: it keeps the share of what
         # is left of D that D_s gave it when it arrived (docs/decisions/core.md, "A late stage keeps its
         # share of what is left"). Other rows' D is inf: leave them out of the product.
