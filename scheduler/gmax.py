@@ -610,6 +610,13 @@ def _plan_jit(
         # most rows are priced: all of them at once costs fewer numpy calls than gathering them first
         lost_in_frame = _margin(work, now, now + horizon, value_now, droppable, waiting_deadline)
         margin = np.where(maybe, lost_in_frame, 0.0)
+    if work.has_stages:
+        # A compound stage that can no longer meet its sub-deadline D_s is behind its program's plan: the
+        # share rule keeps it feasible, but waiting takes time from the stages after it, so it has no
+        # slack to give and its whole value is at stake (docs/decisions/core.md, "A stage behind its
+        # sub-deadline is reserved").
+        behind = (work.stage_share > 0) & (work.deadline - now < an.t_gen) & an.feasible
+        margin = np.where(behind, np.maximum(margin, value_now), margin)
     urgent = an.feasible & (margin > _EPS) & ~is_be
     be_due = is_be & (work.deadline - now < an.t_gen + horizon)
     slack = an.feasible & ~urgent & (~is_be | be_due)

@@ -76,6 +76,11 @@ def _reference(table, now, speed, params, tenant_fair=None):
     pos = np.flatnonzero(maybe)
     if pos.size:
         margin[pos] = _margin(table, now, speed, params, slots[pos], value_now[pos], horizon)
+    # a compound stage that can no longer meet its sub-deadline has its whole value at stake
+    program_deadline, sub_deadline = table.program_deadline[slots], table.deadline_abs[slots]
+    staged = np.isfinite(program_deadline) & (program_deadline > sub_deadline)
+    behind = staged & (sub_deadline - now < an.t_gen) & an.feasible
+    margin = np.where(behind, np.maximum(margin, value_now), margin)
     urgent = an.feasible & (margin > _EPS) & ~is_be
     be_due = is_be & (table.deadline_abs[slots] - now < an.t_gen + horizon)
     slack = an.feasible & ~urgent & (~is_be | be_due)
@@ -168,11 +173,17 @@ def _random_queue(rng: np.random.Generator, n: int, batch_size: int) -> tuple[Re
     mix = rng.dirichlet(np.full(len(_SLOS), 0.7))
     for i, kind in enumerate(rng.choice(len(_SLOS), size=n, p=mix)):
         max_tokens = int(rng.integers(1, 3000))
+        arrival = float(rng.uniform(max(0.0, now - 40), now + 1))
+        stage: dict[str, float] = {}
+        if _SLOS[kind].type == "compound" and rng.random() < 0.5:  # a stage paced by D_s within D
+            sub = arrival + float(rng.uniform(1, 20))
+            stage = {"deadline_abs": sub, "program_deadline_abs": sub + float(rng.uniform(0, 40))}
         table.add(
             NewRequest(
                 request_id=str(i),
                 slo=_SLOS[kind],
-                arrival=float(rng.uniform(max(0.0, now - 40), now + 1)),
+                arrival=arrival,
+                **stage,
                 input_len=int(rng.lognormal(6.0, 1.2)),
                 max_tokens=max_tokens,
                 len_ub=int(min(max_tokens, rng.lognormal(5.0, 1.0) + 1)),
