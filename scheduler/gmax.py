@@ -570,9 +570,10 @@ def _plan_jit(
     """Just-in-time GMAX (docs/decisions/core.md, "Just-in-time bandwidth").
 
     1. Reserve: a request whose service cannot wait one frame without losing goodput (its margin over
-       the frame is > 0) gets a slot, most goodput saved per slot-second first; with `type_fair`, that
-       density (scaled to the largest) is mixed with its SLO type's Fair(r) as §4.2's fairness
-       extension mixes priority: (1 - f) x density + f x Fair(r), f = `params.class_fairness`.
+       the frame is > 0; a compound stage behind its sub-deadline: all of its goodput) gets a slot, most
+       goodput saved per slot-second first; with `type_fair`, that density (scaled to the largest) is
+       mixed with its SLO type's Fair(r) as §4.2's fairness extension mixes priority:
+       (1 - f) x density + f x Fair(r), f = `params.class_fairness`.
     2. Fill: requests with slack by Algorithm 1 (priority, cutoff, length window) in the slots left.
     3. Best-effort work takes what no SLO needs; it joins step 2 only as its default deadline nears.
     Only a reserved request may preempt, and only a running one that can wait (not reserved) and is not
