@@ -125,6 +125,13 @@ class _Work:
     lat_due_last: np.ndarray  # when the last token is due (a stream's t_rem is this minus the start)
     lat_w_out: np.ndarray
 
+    def late_stages(self, start: float | np.ndarray) -> np.ndarray | None:
+        """Compound stages that, served from `start`, can no longer meet their sub-deadline D_s; None
+        when no row is a stage (most analyses: every placement of a non-compound request)."""
+        if not self.has_stages:
+            return None
+        return (self.stage_share > 0) & (self.deadline - start < self.t_gen)
+
     def take(self, pos: np.ndarray) -> _Work:
         """The rows at `pos` (as if analyze had been given only those slots)."""
         lat = self.is_latency[pos].nonzero()[0]
@@ -233,7 +240,7 @@ def _timed(
     one for all). `stream_t_rem=False` skips latency rows' t_rem (margins need only goodput and
     feasibility, which does not test a stream's t_rem)."""
     t_rem = work.deadline - start
-    late_stage = (work.stage_share > 0) & (t_rem < work.t_gen) if work.has_stages else None
+    late_stage = work.late_stages(start)
     if late_stage is not None and late_stage.any():
         # A stage behind its sub-deadline D_s can still finish its program: it keeps the share of what
         # is left of D that D_s gave it when it arrived (docs/decisions/core.md, "A late stage keeps its
@@ -611,13 +618,13 @@ def _plan_jit(
         # most rows are priced: all of them at once costs fewer numpy calls than gathering them first
         lost_in_frame = _margin(work, now, now + horizon, value_now, droppable, waiting_deadline)
         margin = np.where(maybe, lost_in_frame, 0.0)
-    if work.has_stages:
+    behind = work.late_stages(now)
+    if behind is not None:
         # A compound stage that can no longer meet its sub-deadline D_s is behind its program's plan: the
         # share rule keeps it feasible, but waiting takes time from the stages after it, so it has no
         # slack to give and its whole value is at stake (docs/decisions/core.md, "A stage behind its
-        # sub-deadline is reserved").
-        behind = (work.stage_share > 0) & (work.deadline - now < an.t_gen) & an.feasible
-        margin = np.where(behind, np.maximum(margin, value_now), margin)
+        # sub-deadline is reserved"). `value_now` is 0 where infeasible and bounds every margin.
+        margin = np.where(behind, value_now, margin)
     urgent = an.feasible & (margin > _EPS) & ~is_be
     be_due = is_be & (work.deadline - now < an.t_gen + horizon)
     slack = an.feasible & ~urgent & (~is_be | be_due)
