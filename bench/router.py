@@ -203,6 +203,14 @@ def start_jitserve(
     return spawn(name, cmd, port, log_dir, "/readyz", env=env)
 
 
+def start_floor(mode: str, backends: list[Proc], log_dir: Path) -> Proc:
+    """A reference proxy (bench/proxy_floor.py): a Python proxy's floor, or one layer of the router's."""
+    port = free_port()
+    cmd = [sys.executable, str(Path(__file__).with_name("proxy_floor.py")), "--mode", mode,
+           "--engines", ",".join(b.url for b in backends), "--port", str(port)]  # fmt: skip
+    return spawn(f"floor-{mode}", cmd, port, log_dir, "/health")
+
+
 def start_vllm_router(binary: str, backends: list[Proc], log_dir: Path) -> Proc:
     port = free_port()
     cmd = [binary, "--worker-urls", *(b.url for b in backends), "--port", str(port), "--host", "127.0.0.1",
@@ -398,6 +406,10 @@ def run_latency(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             base = start_jitserve(backends, log_dir, args.router_arg or [], checkout=args.baseline)
             procs.append(base)
             targets.append((base.name, base.url))
+        for mode in args.floor or []:
+            ref = start_floor(mode, backends, log_dir)
+            procs.append(ref)
+            targets.append((ref.name, ref.url))
         if args.vllm_router:
             vr = start_vllm_router(args.vllm_router, backends, log_dir)
             procs.append(vr)
@@ -521,6 +533,14 @@ def main(argv: list[str] | None = None) -> int:
             default=None,
             help="A/B: also run `jitserve router` from this git checkout (e.g. a `git worktree` of an "
             "older commit) as target jitserve-baseline",
+        )
+        p.add_argument(
+            "--floor",
+            action="append",
+            choices=("raw", "decide", "asgi", "aiohttp"),
+            help="latency: also run a reference proxy of bench/proxy_floor.py (repeatable): raw = a Python "
+            "proxy's floor; decide = raw + the router's GMAX decision; asgi = uvicorn in front of raw; "
+            "aiohttp = uvicorn + aiohttp's client",
         )
         p.add_argument("--rounds", type=int, default=1, help="latency: repeat all targets, alternating")
         p.add_argument("--log-dir", default="/tmp/bench-router-logs")
