@@ -143,13 +143,22 @@ class Proc:
             self.popen.wait()
 
 
+# `--proxy-cpus`: the CPUs the proxies under test run on (the load client and backends keep the rest)
+PROXY_CPUS: set[int] = set()
+
+
 def spawn(
     name: str, cmd: list[str], port: int, log_dir: Path, health: str, env: dict[str, str] | None = None
 ) -> Proc:
     import httpx
 
     log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 (the child owns it)
-    popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    pin = None
+    if PROXY_CPUS and not name.startswith(("backend", "slow-backend")):
+        pin = lambda: os.sched_setaffinity(0, PROXY_CPUS)  # noqa: E731 (runs in the child)
+    popen = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, preexec_fn=pin
+    )
     p = Proc(name, port, popen)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -542,6 +551,12 @@ def main(argv: list[str] | None = None) -> int:
             "proxy's floor; decide = raw + the router's GMAX decision; asgi = uvicorn in front of raw; "
             "aiohttp = uvicorn + aiohttp's client",
         )
+        p.add_argument(
+            "--proxy-cpus",
+            default=None,
+            help="pin the routers and reference proxies to these CPUs (e.g. 1 or 2,3) and the load client "
+            "and backends to the others: each proxy then has cores of its own (Linux)",
+        )
         p.add_argument("--rounds", type=int, default=1, help="latency: repeat all targets, alternating")
         p.add_argument("--log-dir", default="/tmp/bench-router-logs")
     args = parser.parse_args(argv)
@@ -552,6 +567,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "backend":
         asyncio.run(_backend(args.port, args.tokens, args.interval))
         return 0
+    if args.proxy_cpus:
+        PROXY_CPUS.update(int(c) for c in args.proxy_cpus.split(","))
+        rest = os.sched_getaffinity(0) - PROXY_CPUS
+        if not rest:
+            parser.error("--proxy-cpus: leave at least one CPU for the load client and the backends")
+        os.sched_setaffinity(0, rest)  # the load client; the backends inherit it
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_before": os.getloadavg()}
