@@ -113,17 +113,14 @@ class Decision:
         from jitserve.scheduler.placement import ReplicaState
         from jitserve.scheduler.requests import NewRequest
         from jitserve.scheduler.slo import PAPER_CLASSES, SLO, OverloadAction
+        from router import STATE  # bench/router.py: what its fake backends report
 
         self.decide, self.new_request, self.slo = decide, NewRequest, SLO.latency()
         self.overload, self.classes = OverloadAction.REJECT, PAPER_CLASSES
         self.rng = np.random.default_rng(0)
         self.ids = itertools.count()
-        state = {  # what bench/router.py's fake backends report
-            "model": "bench-model", "step_time_s": 0.001, "prefill_tokens_per_s": 1e6, "batch_size": 4096,
-            "running": 0, "waiting": 0, "committed_bandwidth": 0.0, "residual_capacity": 4096.0,
-            "admission_priority": 0.0, "queue_delay_s": 0.0, "kv_usage": 0.0, "cutoff": 0.95, "frames": 1,
-        }  # fmt: skip
-        self.states = [ReplicaState(pod=f"engine-{i}", updated_at=time.time(), **state) for i in range(2)]
+        reported = {**STATE, "updated_at": time.time()}
+        self.states = [ReplicaState(**{**reported, "pod": f"engine-{i}"}) for i in range(2)]
 
     def __call__(self, body: bytes) -> None:
         doc = json.loads(body)

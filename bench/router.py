@@ -555,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
             "--proxy-cpus",
             default=None,
             help="pin the routers and reference proxies to these CPUs (e.g. 1 or 2,3) and the load client "
-            "and backends to the others: each proxy then has cores of its own (Linux)",
+            "and backends to the others, so the proxy under test shares its cores with nothing the run "
+            "loads (targets run one at a time; Linux)",
         )
         p.add_argument("--rounds", type=int, default=1, help="latency: repeat all targets, alternating")
         p.add_argument("--log-dir", default="/tmp/bench-router-logs")
@@ -568,8 +569,16 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(_backend(args.port, args.tokens, args.interval))
         return 0
     if args.proxy_cpus:
-        PROXY_CPUS.update(int(c) for c in args.proxy_cpus.split(","))
-        rest = os.sched_getaffinity(0) - PROXY_CPUS
+        usable = os.sched_getaffinity(0)
+        try:
+            PROXY_CPUS.update(int(c) for c in args.proxy_cpus.split(","))
+        except ValueError:
+            parser.error(f"--proxy-cpus: comma-separated CPU numbers, got {args.proxy_cpus!r}")
+        if PROXY_CPUS - usable:
+            parser.error(
+                f"--proxy-cpus: CPUs {sorted(PROXY_CPUS - usable)} are not usable here ({sorted(usable)})"
+            )
+        rest = usable - PROXY_CPUS
         if not rest:
             parser.error("--proxy-cpus: leave at least one CPU for the load client and the backends")
         os.sched_setaffinity(0, rest)  # the load client; the backends inherit it
