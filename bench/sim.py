@@ -9,6 +9,7 @@
     python bench/sim.py --suite --seeds 0,1,2 --out docs/benchmarks   # every workload x load x policy
     python bench/sim.py --saturation agentic          # vLLM FCFS's saturation rate on a workload
     python bench/sim.py --mechanisms agentic --loads 1,2 --seeds 0,1,2  # what each JITServe part costs
+    python bench/sim.py --suite-variants half-bound,one-token --seeds 0,1,2  # admission variants, whole suite
 
 Writes `<out>/ratios.md` (the tables of docs/benchmarks/sim.md) and `<out>/sweep.json`.
 """
@@ -221,6 +222,131 @@ def suite_run(
     return 0
 
 
+# Admission variants `--suite-variants` knows: the deployed setup first (it must reproduce the stored run),
+# then place()'s other short-reply rules and GMAX's B at max_num_seqs.
+SUITE_VARIANTS = ("deployed", "one-token", "half-bound", "no-queue", "later-stages", "b-max-num-seqs")
+
+
+def suite_variants(
+    names: list[str],
+    stored_path: Path,
+    seeds: list[int],
+    loads: list[float] | None,
+    workloads: list[str] | None,
+) -> int:
+    """JITServe and its oracle re-run on the suite under each admission variant; the baselines are the
+    stored run's (`stored_path`, a suite.json), which is valid only while their code is unchanged: the
+    `deployed` row must then reproduce the stored JITServe exactly (geometric mean 1.000)."""
+    import dataclasses
+    import math
+    import statistics
+
+    from jitserve.scheduler.placement import ShortReplyRule
+    from jitserve.sim import policies, suite
+    from jitserve.sim.runner import RunConfig, compare, make_bounds
+    from jitserve.sim.workload import load_workload
+
+    stored = json.loads(stored_path.read_text())
+    missing = [
+        f"{w} load {load:g} seed {seed}"
+        for w in (workloads or [w.name for w in suite.SUITE])
+        for load in (loads or suite.LOADS)
+        for seed in seeds
+        if str(seed) not in stored["workloads"].get(w, {}).get("by_load", {}).get(f"{load:g}", {})
+    ]
+    if missing:
+        more = " ..." if len(missing) > 3 else ""
+        print(f"--stored: {stored_path} has no run of {', '.join(missing[:3])}{more}", file=sys.stderr)
+        return 2
+    rules = {
+        "one-token": ShortReplyRule.ONE_TOKEN,
+        "half-bound": ShortReplyRule.HALF_BOUND,
+        "no-queue": ShortReplyRule.NO_QUEUE,
+        "later-stages": ShortReplyRule.LATER_STAGES,
+    }
+    chosen = [w for w in suite.SUITE if not workloads or w.name in workloads]
+    loads = loads or list(suite.LOADS)
+    deployed = {k: policies.FACTORIES[k] for k in (JITSERVE, ORACLE)}
+
+    def build(name: str, oracle: bool):  # type: ignore[no-untyped-def]
+        def factory(ctx):  # type: ignore[no-untyped-def]
+            if name == "b-max-num-seqs":
+                ctx = dataclasses.replace(ctx, gmax_step_share=math.inf)
+            setup = policies._jitserve(ctx, oracle)
+            return dataclasses.replace(setup, short_reply=rules[name]) if name in rules else setup
+
+        return factory
+
+    print(
+        "| variant | cells meeting every goal "
+        "| JITServe tok/s over the stored run: geometric mean (min-max) |"
+    )
+    print("|---|---|---|")
+    cells_out: dict[str, list[str]] = {}
+    try:
+        for name in ["deployed", *[n for n in names if n != "deployed"]]:
+            policies.FACTORIES[JITSERVE] = build(name, False)
+            policies.FACTORIES[ORACLE] = build(name, True)
+            met, ratios, lines = 0, [], []
+            for w in chosen:
+                spec = load_workload(w.name)
+                sat = stored["workloads"][w.name]["saturation_per_replica"]
+                by_load = stored["workloads"][w.name]["by_load"]
+                for load in loads:
+                    runs = {s: dict(by_load[f"{load:g}"][str(s)]) for s in seeds}
+                    for seed in seeds:
+                        cfg = RunConfig(
+                            rate_per_replica=load * sat,
+                            replicas=stored["workloads"][w.name]["replicas"],
+                            duration_s=stored["workloads"][w.name]["duration_s"],
+                            seed=seed,
+                            predictor=stored.get("predictor", "conditional"),
+                        )
+                        reports = compare(spec, [JITSERVE, ORACLE], cfg, bounds=make_bounds(spec, cfg, seed))
+                        runs[seed].update({k: suite._summary(r) for k, r in reports.items()})
+                    verdict = suite.cell_verdicts({str(s): r for s, r in runs.items()}, stored["policies"])
+                    before = statistics.fmean(
+                        by_load[f"{load:g}"][str(s)][JITSERVE]["token_goodput"] for s in seeds
+                    )
+                    ratio = verdict["jitserve_token_goodput"] / before if before else 1.0
+                    ratios.append(ratio)
+                    met += not verdict["fails"]
+                    # per class: the stored run's attainment -> this variant's (a class can lose while the
+                    # total gains)
+                    stored_cell = by_load[f"{load:g}"]
+                    stored_attainment = {
+                        c: statistics.fmean(
+                            stored_cell[str(s)][JITSERVE]["attainment"].get(c, 0.0) for s in seeds
+                        )
+                        for c in verdict["classes"]
+                    }
+                    classes = ", ".join(
+                        f"{c} {stored_attainment[c]:.2f} -> {v['attainment'][0]:.2f}"
+                        for c, v in sorted(verdict["classes"].items())
+                    )
+                    lines.append(
+                        f"| {w.name} | {load:g} | {ratio:.3f} "
+                        f"| {verdict['vs_best']:.2f} ({verdict['best_baseline']}) | {classes} "
+                        f"| {'; '.join(verdict['fails']) or 'met'} |"
+                    )
+            gm = math.exp(statistics.fmean(math.log(max(r, 1e-9)) for r in ratios))
+            print(
+                f"| {name} | {met} of {len(ratios)} | {gm:.3f} ({min(ratios):.3f}-{max(ratios):.3f}) |",
+                flush=True,
+            )
+            cells_out[name] = lines
+    finally:
+        policies.FACTORIES.update(deployed)
+    for name, lines in cells_out.items():
+        print(
+            f"\n{name}: per cell\n| workload | load | over the stored run | over the best baseline "
+            "| attainment per class, stored -> this | goals |"
+        )
+        print("|---|---|---|---|---|---|")
+        print("\n".join(lines))
+    return 0
+
+
 def saturation(names: list[str]) -> int:
     """vLLM FCFS's saturation rate per replica on each workload (sim/suite.py: saturation_rate)."""
     from jitserve.sim import suite
@@ -382,7 +508,9 @@ def main(argv: list[str] | None = None) -> int:
         help="place()'s rules for requests on time only with a shorter-than-bound reply, side by side",
     )
     parser.add_argument(
-        "--seeds", default="0", help="with --short-reply-rules, --suite, --mechanisms: workload seeds"
+        "--seeds",
+        default="0",
+        help="with --short-reply-rules, --suite, --mechanisms, --suite-variants: workload seeds",
     )
     parser.add_argument(
         "--suite", action="store_true", help="every workload x load x policy x seed (sim/suite.py)"
@@ -404,12 +532,40 @@ def main(argv: list[str] | None = None) -> int:
         help="merge --suite outputs of disjoint seeds (comma-separated dirs) into --out",
     )
     parser.add_argument("--mechanisms", metavar="WORKLOAD", help="JITServe with each mechanism switched off")
+    parser.add_argument(
+        "--suite-variants",
+        metavar="NAMES",
+        help="JITServe and its oracle on the suite under these admission variants "
+        f"({', '.join(SUITE_VARIANTS)}), against the baselines of a stored suite run (--stored); "
+        "with --seeds, --loads, --workloads",
+    )
+    parser.add_argument(
+        "--stored",
+        type=Path,
+        default=Path("docs/benchmarks/suite/suite.json"),
+        help="with --suite-variants: the suite run whose baselines the variants are judged against",
+    )
     args = parser.parse_args(argv)
     seeds = [int(x) for x in args.seeds.split(",")]
     loads = [float(x) for x in args.loads.split(",")] if args.loads else None
     if args.suite and args.policies is not None:
         # the suite judges JITServe against vLLM FCFS and the best baseline: a subset cannot be judged
         parser.error("--policies: --suite runs every policy of sim/suite.py (POLICIES); leave it out")
+    if args.suite_variants:
+        names = args.suite_variants.split(",")
+        unknown = [n for n in names if n not in SUITE_VARIANTS]
+        if unknown:
+            parser.error(
+                f"--suite-variants: unknown {', '.join(unknown)} (known: {', '.join(SUITE_VARIANTS)})"
+            )
+        if args.duration_scale != 1.0:
+            parser.error(
+                "--duration-scale: --suite-variants compares with the stored run, at its own windows"
+            )
+        if not args.stored.is_file():
+            parser.error(f"--stored: no suite run at {args.stored} (bench/sim.py --suite writes one)")
+        workloads = args.workloads.split(",") if args.workloads else None
+        return suite_variants(names, args.stored, seeds, loads, workloads)
     if args.suite:
         workloads = args.workloads.split(",") if args.workloads else None
         return suite_run(args.out, seeds, loads, workloads, args.duration_scale)
