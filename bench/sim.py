@@ -224,7 +224,7 @@ def suite_run(
 
 # Admission variants `--suite-variants` knows: the deployed setup first (it must reproduce the stored run),
 # then place()'s other short-reply rules and GMAX's B at max_num_seqs.
-SUITE_VARIANTS = ("deployed", "one-token", "half-bound", "no-queue", "later-stages", "b-max-num-seqs")
+SUITE_VARIANTS = ("deployed", "one-token", "half-bound", "no-queue", "later-stages", "bound", "b-max-num-seqs")
 
 
 def suite_variants(
@@ -263,6 +263,7 @@ def suite_variants(
         "half-bound": ShortReplyRule.HALF_BOUND,
         "no-queue": ShortReplyRule.NO_QUEUE,
         "later-stages": ShortReplyRule.LATER_STAGES,
+        "bound": ShortReplyRule.BOUND,
     }
     chosen = [w for w in suite.SUITE if not workloads or w.name in workloads]
     loads = loads or list(suite.LOADS)
