@@ -224,7 +224,15 @@ def suite_run(
 
 # Admission variants `--suite-variants` knows: the deployed setup first (it must reproduce the stored run),
 # then place()'s other short-reply rules and GMAX's B at max_num_seqs.
-SUITE_VARIANTS = ("deployed", "one-token", "half-bound", "no-queue", "later-stages", "bound", "b-max-num-seqs")
+SUITE_VARIANTS = (
+    "deployed",
+    "one-token",
+    "half-bound",
+    "no-queue",
+    "later-stages",
+    "bound",
+    "b-max-num-seqs",
+)
 
 
 def suite_variants(
