@@ -9,8 +9,8 @@ Modes (each a layer of the real router's path, measured in the same run as the r
   `decide()` (GMAX `analyze` on K = 2 replicas, power-of-K) over two replica states as the fake backends
   report them.
 - `asgi`: uvicorn (httptools, uvloop) in front of a bare ASGI app, the `raw` engine side behind it.
-- `aiohttp`: uvicorn and a bare ASGI app in front, aiohttp's ClientSession (the router's engine client,
-  set up the same way) behind it.
+- `aiohttp`: uvicorn and a bare ASGI app in front, the router's own aiohttp session
+  (`router/upstream.py`'s `make_session`) behind it.
 
     python bench/proxy_floor.py --mode raw --engines http://127.0.0.1:8001,http://127.0.0.1:8002 --port 9000
 """
@@ -211,17 +211,11 @@ def asgi_app(engines: list[str], client: str) -> Callable[..., Any]:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
                 piece = await pieces.get()
         else:
-            import aiohttp
+            from jitserve.router.config import RouterConfig
+            from jitserve.router.upstream import make_session
 
-            if not sessions:  # set up as the router's data path is (router/upstream.py)
-                sessions.append(
-                    aiohttp.ClientSession(
-                        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
-                        auto_decompress=False,
-                        skip_auto_headers=("User-Agent",),
-                        cookie_jar=aiohttp.DummyCookieJar(),
-                    )
-                )
+            if not sessions:  # the router's own data-path session, with its default settings
+                sessions.append(make_session(RouterConfig()))
             upstream = await sessions[0].post(
                 next(turn) + "/v1/completions", data=body, headers={"content-type": "application/json"}
             )

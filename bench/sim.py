@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jitserve.scheduler.placement import ShortReplyRule
 from jitserve.sim.settings import DEFAULT_POLICIES, JITSERVE, ORACLE, PAPER
 
 # every baseline `jitserve sim` runs by default, in its order (sim/settings.py declares the names)
@@ -223,14 +224,10 @@ def suite_run(
 
 
 # Admission variants `--suite-variants` knows: the deployed setup first (it must reproduce the stored run),
-# then place()'s other short-reply rules and GMAX's B at max_num_seqs.
+# then place()'s other short-reply rules (by their `ShortReplyRule` names) and GMAX's B at max_num_seqs.
 SUITE_VARIANTS = (
     "deployed",
-    "one-token",
-    "half-bound",
-    "no-queue",
-    "later-stages",
-    "bound",
+    *(r.value for r in ShortReplyRule if r is not ShortReplyRule.OCCUPANCY),
     "b-max-num-seqs",
 )
 
@@ -249,16 +246,15 @@ def suite_variants(
     import math
     import statistics
 
-    from jitserve.scheduler.placement import ShortReplyRule
     from jitserve.sim import policies, suite
-    from jitserve.sim.runner import RunConfig, compare, make_bounds
-    from jitserve.sim.workload import load_workload
 
     stored = json.loads(stored_path.read_text())
+    chosen = tuple(w for w in suite.SUITE if not workloads or w.name in workloads)
+    loads = loads or list(suite.LOADS)
     missing = [
         f"{w} load {load:g} seed {seed}"
         for w in (workloads or [w.name for w in suite.SUITE])
-        for load in (loads or suite.LOADS)
+        for load in loads
         for seed in seeds
         if str(seed) not in stored["workloads"].get(w, {}).get("by_load", {}).get(f"{load:g}", {})
     ]
@@ -266,15 +262,6 @@ def suite_variants(
         more = " ..." if len(missing) > 3 else ""
         print(f"--stored: {stored_path} has no run of {', '.join(missing[:3])}{more}", file=sys.stderr)
         return 2
-    rules = {
-        "one-token": ShortReplyRule.ONE_TOKEN,
-        "half-bound": ShortReplyRule.HALF_BOUND,
-        "no-queue": ShortReplyRule.NO_QUEUE,
-        "later-stages": ShortReplyRule.LATER_STAGES,
-        "bound": ShortReplyRule.BOUND,
-    }
-    chosen = [w for w in suite.SUITE if not workloads or w.name in workloads]
-    loads = loads or list(suite.LOADS)
     deployed = {k: policies.FACTORIES[k] for k in (JITSERVE, ORACLE)}
 
     def build(name: str, oracle: bool):  # type: ignore[no-untyped-def]
@@ -282,7 +269,9 @@ def suite_variants(
             if name == "b-max-num-seqs":
                 ctx = dataclasses.replace(ctx, gmax_step_share=math.inf)
             setup = policies._jitserve(ctx, oracle)
-            return dataclasses.replace(setup, short_reply=rules[name]) if name in rules else setup
+            if name in ("deployed", "b-max-num-seqs"):
+                return setup
+            return dataclasses.replace(setup, short_reply=ShortReplyRule(name))
 
         return factory
 
@@ -296,33 +285,27 @@ def suite_variants(
         for name in ["deployed", *[n for n in names if n != "deployed"]]:
             policies.FACTORIES[JITSERVE] = build(name, False)
             policies.FACTORIES[ORACLE] = build(name, True)
+            # the suite's own loop, for these two policies only
+            doc = suite.run_suite(
+                workloads=chosen,
+                loads=tuple(loads),
+                seeds=tuple(seeds),
+                policies=(JITSERVE, ORACLE),
+                predictor=stored.get("predictor", "conditional"),
+            )
             met, ratios, lines = 0, [], []
             for w in chosen:
-                spec = load_workload(w.name)
-                sat = stored["workloads"][w.name]["saturation_per_replica"]
-                by_load = stored["workloads"][w.name]["by_load"]
                 for load in loads:
-                    runs = {s: dict(by_load[f"{load:g}"][str(s)]) for s in seeds}
-                    for seed in seeds:
-                        cfg = RunConfig(
-                            rate_per_replica=load * sat,
-                            replicas=stored["workloads"][w.name]["replicas"],
-                            duration_s=stored["workloads"][w.name]["duration_s"],
-                            seed=seed,
-                            predictor=stored.get("predictor", "conditional"),
-                        )
-                        reports = compare(spec, [JITSERVE, ORACLE], cfg, bounds=make_bounds(spec, cfg, seed))
-                        runs[seed].update({k: suite._summary(r) for k, r in reports.items()})
-                    verdict = suite.cell_verdicts({str(s): r for s, r in runs.items()}, stored["policies"])
-                    before = statistics.fmean(
-                        by_load[f"{load:g}"][str(s)][JITSERVE]["token_goodput"] for s in seeds
-                    )
+                    stored_cell = stored["workloads"][w.name]["by_load"][f"{load:g}"]
+                    new_cell = doc["workloads"][w.name]["by_load"][f"{load:g}"]
+                    runs = {str(s): {**stored_cell[str(s)], **new_cell[str(s)]} for s in seeds}
+                    verdict = suite.cell_verdicts(runs, stored["policies"])
+                    before = statistics.fmean(stored_cell[str(s)][JITSERVE]["token_goodput"] for s in seeds)
                     ratio = verdict["jitserve_token_goodput"] / before if before else 1.0
                     ratios.append(ratio)
                     met += not verdict["fails"]
                     # per class: the stored run's attainment -> this variant's (a class can lose while the
                     # total gains)
-                    stored_cell = by_load[f"{load:g}"]
                     stored_attainment = {
                         c: statistics.fmean(
                             stored_cell[str(s)][JITSERVE]["attainment"].get(c, 0.0) for s in seeds
@@ -387,7 +370,6 @@ def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) ->
     import dataclasses
     import statistics
 
-    from jitserve.scheduler.placement import ShortReplyRule
     from jitserve.scheduler.policy import GMAXPolicy
     from jitserve.sim import policies, suite
     from jitserve.sim.runner import RunConfig, compare, make_bounds
