@@ -4,6 +4,7 @@
     .venv/bin/python bench/stacks.py --mixes paper --loads 2 --seeds 0 --duration 15   # a smoke run
     .venv/bin/python bench/stacks.py --report-only docs/benchmarks/stacks.json        # re-render
     .venv/bin/python bench/stacks.py --stacks d --compare after=A.json,before=B.json   # an A/B of one stack
+    .venv/bin/python bench/stacks.py --pool-windows A.json,B.json --out /tmp/pooled      # goals over windows
 
 Stacks, each with 2 engines (`jitserve engine`, as `jitserve up` starts them) serving SmolLM2-135M:
 - a-rr: stock vLLM (FCFS) behind `vllm-router` (the Rust router, PyPI) with `--policy round_robin`;
@@ -92,6 +93,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = Path("docs/benchmarks/stacks")  # the latest full run's record
 
 T = TypeVar("T")
 CLASSES = ("latency", "deadline", "compound", "best-effort")
@@ -1038,6 +1040,76 @@ def _ratio(a: float, b: float) -> float:
     return a / b
 
 
+def _sample(run: dict[str, Any]) -> tuple[int, int]:
+    """A run's sample key: (window, seed); runs of one benchmark invocation are window 0."""
+    return int(run.get("window", 0)), int(run["seed"])
+
+
+# What must match for runs of several invocations to be samples of one experiment: the same traces
+# (shape, rates, seeds' meaning), the same stacks' settings, and the same scoring horizon.
+POOL_SAME = (
+    "model_name",
+    "engines",
+    "max_num_seqs",
+    "duration_s",
+    "best_effort_drain_s",
+    "saturation",
+    "slo_scale",
+    "shape",
+    "rates",
+    "frame_steps",
+)
+PRODUCT_DIRS = ("scheduler", "router", "engine")
+
+
+def pool_windows(named: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One data set from several runs of the same traces on the same scheduler, router and engine code,
+    each started at another time (a window of this shared machine): every (window, seed) is a sample.
+
+    With a few dozen jobs per cell, one window's ratio moves by a quarter within half an hour
+    (docs/benchmarks/stacks.md, "Does running interleaved cost a stack?"); pooling windows is how a
+    goal's verdict gets more samples without changing what each sample is. Raises ValueError naming
+    the field (or the product code) that differs."""
+    if len(named) < 2:
+        raise ValueError("--pool-windows: give at least two JSONs")
+    first_name, first = named[0]
+    for name, data in named[1:]:
+        for key in POOL_SAME:
+            if data.get(key) != first.get(key):
+                raise ValueError(
+                    f"--pool-windows: {key} differs between {first_name} and {name}: "
+                    "pooled runs must replay the same traces on the same stacks"
+                )
+    heads = []
+    for name, data in named:
+        git = data.get("git") or {}
+        if git.get("uncommitted_scheduler"):
+            raise ValueError(f"--pool-windows: {name} ran uncommitted scheduler/router code")
+        if not git.get("head"):
+            raise ValueError(f"--pool-windows: {name} records no git head")
+        heads.append((name, git["head"]))
+    for name, head in heads[1:]:
+        diff = subprocess.run(
+            ["git", "diff", "--quiet", heads[0][1], head, "--", *PRODUCT_DIRS], cwd=ROOT, capture_output=True
+        )
+        if diff.returncode != 0:
+            why = "differ" if diff.returncode == 1 else f"cannot be compared ({diff.stderr.decode().strip()})"
+            raise ValueError(
+                f"--pool-windows: the {', '.join(PRODUCT_DIRS)} code of {heads[0][0]} ({heads[0][1]}) and "
+                f"{name} ({head}) {why}"
+            )
+    merged = {k: v for k, v in first.items() if k not in ("runs", "checks", "throughput")}
+    merged["runs"] = [{**r, "window": w} for w, (_, data) in enumerate(named) for r in data["runs"]]
+    merged["stacks"] = {k: label for _, d in named for k, label in d["stacks"].items()}
+    merged["mixes"] = list(dict.fromkeys(m for _, d in named for m in d["mixes"]))
+    merged["loads"] = list(dict.fromkeys(x for _, d in named for x in d["loads"]))
+    merged["windows"] = [
+        {"file": name, "started": d.get("started"), "head": (d.get("git") or {}).get("head")}
+        for name, d in named
+    ]
+    return merged
+
+
 def compare(runs: Sequence[tuple[str, dict[str, Any]]], stack: str) -> str:
     """Markdown: one stack's cells in several runs side by side (an A/B across trees or repeats).
 
@@ -1050,12 +1122,12 @@ def compare(runs: Sequence[tuple[str, dict[str, Any]]], stack: str) -> str:
     lines = [f"| mix | load | class | {head} |", "|---|---|---|" + "---|" * len(runs)]
     for mix, load in keys:
         per_run = [c.get((mix, load, stack), []) for _, c in cells]
-        seeds = set.intersection(*({r["seed"] for r in rs} for rs in per_run))
+        seeds = set.intersection(*({_sample(r) for r in rs} for rs in per_run))
         classes = [c for c in (*CLASSES, "total") if all(c in r["classes"] for rs in per_run for r in rs)]
         for cls in classes:
             row = []
             for rs in per_run:
-                got = [r["classes"][cls] for r in rs if r["seed"] in seeds]
+                got = [r["classes"][cls] for r in rs if _sample(r) in seeds]
                 gp, met, jobs = (sum(c.get(k, 0) for c in got) for k in ("goodput", "met", "jobs"))
                 rej, drop, tmo = (sum(c.get(k, 0) for c in got) for k in ("rejected", "dropped", "timeouts"))
                 row.append(f"{gp:,.0f}, {met}/{jobs} met (rej {rej}, drop {drop}, t/o {tmo})")
@@ -1088,11 +1160,11 @@ def checks(data: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
             classes = [c for c in CLASSES if c in ours[0]["classes"]]
 
             def seed_ratios(cls: str, ours=ours, theirs=theirs) -> str:
-                by_seed = {r["seed"]: r["classes"][cls]["goodput"] for r in theirs}
+                by_seed = {_sample(r): r["classes"][cls]["goodput"] for r in theirs}
                 rs = [
-                    _ratio(r["classes"][cls]["goodput"], by_seed[r["seed"]])
+                    _ratio(r["classes"][cls]["goodput"], by_seed[_sample(r)])
                     for r in ours
-                    if r["seed"] in by_seed
+                    if _sample(r) in by_seed
                 ]
                 rs = [x for x in rs if not math.isnan(x)]
                 return f"[{min(rs):.2f}-{max(rs):.2f}]" if len(rs) > 1 else ""
@@ -1220,7 +1292,10 @@ def report(data: dict[str, Any], out: Path | None, log_dir: Path | None) -> str:
     if data["runs"]:
         check_md, rows = checks(data)
         data["checks"] = rows
-        parts += [tables(data), "\n**Goals (issue 13), pooled over seeds; [per-seed min-max]**\n", check_md]
+        windows = data.get("windows")
+        over = f"{len(windows)} windows x seeds; [per-sample" if windows else "seeds; [per-seed"
+        over += " min-max]"
+        parts += [tables(data), f"\n**Goals (issue 13), pooled over {over}**\n", check_md]
         if by_rule := rejections_table(data):
             parts.append(by_rule)
     if data.get("throughput"):
@@ -1354,7 +1429,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--out",
         type=Path,
-        default=Path("docs/benchmarks/stacks"),
+        default=DEFAULT_OUT,
         help="writes OUT.json and OUT.png, after every cell (docs/benchmarks/stacks)",
     )
     p.add_argument(
@@ -1369,6 +1444,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="LABEL=JSON,...",
         help="no engines: one stack's cells (--stacks, first) in several JSONs written before, side by side "
         "(summed over their common seeds); e.g. after=/tmp/a/stacks.json,before=/tmp/b/stacks.json",
+    )
+    p.add_argument(
+        "--pool-windows",
+        default=None,
+        metavar="JSON,JSON,...",
+        help="no engines: the tables and goals of several runs written before on the same traces and the "
+        "same scheduler/router/engine code (checked), each (run, seed) one sample; writes the pooled JSON to "
+        "--out",
     )
     p.add_argument(
         "--report-only",
@@ -1522,6 +1605,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report_only:
         data = json.loads(args.report_only.read_text())
+        print(report(data, args.out, None))
+        return 0
+    if args.pool_windows:
+        if args.out == DEFAULT_OUT:
+            raise SystemExit(f"--pool-windows: give --out; the default ({DEFAULT_OUT}) holds the latest run")
+        paths = [x.strip() for x in args.pool_windows.split(",") if x.strip()]
+        try:
+            named = [(path, json.loads(Path(path).read_text())) for path in paths]
+            data = pool_windows(named)
+        except OSError as e:
+            raise SystemExit(f"--pool-windows: cannot read a stacks JSON: {e}") from None
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"--pool-windows: a stacks JSON does not parse: {e}") from None
+        except ValueError as e:  # runs that are not one experiment: the message names what differs
+            raise SystemExit(str(e)) from None
         print(report(data, args.out, None))
         return 0
     if args.compare:

@@ -313,6 +313,73 @@ def test_compare_sums_one_stack_over_the_seeds_every_run_has() -> None:
     assert len(rows) == 2 and "999" not in text and "1,000" not in text  # other stacks, other seeds left out
 
 
+def _window(head: str, *runs: tuple[str, int, float]) -> dict:
+    """A stacks JSON of one window: (stack, seed, latency goodput) per run, one job met of two."""
+    same = {k: 1 for k in stacks.POOL_SAME} | {
+        "saturation": {"tokens_per_s": 78.2},
+        "rates": {"latency": {"2.0": 1.0}},
+    }
+    return {**same, "git": {"head": head, "uncommitted_scheduler": []}, "mixes": ["latency"], "loads": [2.0],
+            "stacks": {"d": "(d)", "a-rr": "(a)"},
+            "runs": [{"mix": "latency", "load": 2.0, "stack": st, "seed": seed,
+                      "classes": {c: {**_CLASS, "goodput": g} for c in ("latency", "total")}}
+                     for st, seed, g in runs]}  # fmt: skip
+
+
+# One class of one run as `bench/stacks.py` records it: two jobs, one met.
+_CLASS = {"jobs": 2, "met": 1, "goodput": 0.0, "possible": 10.0, "attainment": 0.5, "ttft_p50": 0.5,
+          "ttft_p99": 0.9, "started": 2, "rejected": 0, "rejected_by": {}, "dropped": 0, "timeouts": 0,
+          "unfinished": 0, "met_by_cutoff": 1, "throughput": 10.0}  # fmt: skip
+
+
+def test_pooled_windows_are_samples_of_their_own_not_sums_per_seed() -> None:
+    """Two windows of one tree (HEAD twice: the product code cannot differ): each (window, seed) is
+    paired with the baseline of the same window, so the per-sample spread shows 1.5x and 3.0x, where
+    pairing by seed alone would divide one window's goodput by the other's."""
+    head = stacks.subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=stacks.ROOT, capture_output=True, text=True
+    )
+    first = _window(head.stdout.strip(), ("d", 0, 150.0), ("a-rr", 0, 100.0))
+    second = _window(head.stdout.strip(), ("d", 0, 60.0), ("a-rr", 0, 20.0))
+    data = stacks.pool_windows([("w1", first), ("w2", second)])
+    assert [(r["window"], r["seed"]) for r in data["runs"]] == [(0, 0), (0, 0), (1, 0), (1, 0)]
+    text, rows = stacks.checks(data)
+    (row,) = rows
+    assert row["total"] == pytest.approx(210 / 120)  # pooled: summed over every sample
+    assert "[1.50-3.00]" in text
+    assert "2 windows x seeds" in stacks.report(data, None, None)
+
+
+def test_windows_of_other_traces_or_other_code_are_not_pooled() -> None:
+    head = stacks.subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=stacks.ROOT, capture_output=True, text=True
+    )
+    one = _window(head.stdout.strip(), ("d", 0, 1.0))
+    other_rates = {**_window(head.stdout.strip(), ("d", 0, 1.0)), "rates": {"latency": {"2.0": 9.9}}}
+    with pytest.raises(ValueError, match="rates differs between a and b"):
+        stacks.pool_windows([("a", one), ("b", other_rates)])
+    dirty = _window(head.stdout.strip(), ("d", 0, 1.0))
+    dirty["git"]["uncommitted_scheduler"] = ["1 file changed"]
+    with pytest.raises(ValueError, match="b ran uncommitted scheduler/router code"):
+        stacks.pool_windows([("a", one), ("b", dirty)])
+    # the first commit that has a scheduler/ directory differs from HEAD there
+    first = stacks.subprocess.run(
+        ["git", "log", "--reverse", "--format=%H", "--", "scheduler"],
+        cwd=stacks.ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.split()[0]
+    with pytest.raises(ValueError, match="engine code of a .* and b .* differ"):
+        stacks.pool_windows([("a", one), ("b", _window(first, ("d", 0, 1.0)))])
+    with pytest.raises(ValueError, match="at least two"):
+        stacks.pool_windows([("a", one)])
+
+
+def test_pool_windows_will_not_overwrite_the_latest_run_record() -> None:
+    with pytest.raises(SystemExit, match="give --out"):
+        stacks.main(["--pool-windows", "a.json,b.json"])
+
+
 def test_the_frame_is_shortened_like_the_jobs():
     # 254 ms per step: the jobs are cut to 1 / 5.08 of their tokens, and a 50-step frame to 10 steps,
     # so the frame lasts the 2.5 s it lasts at 50 ms per step instead of outlasting every SLO (12.7 s)
