@@ -1062,14 +1062,14 @@ POOL_SAME = (
 PRODUCT_DIRS = ("scheduler", "router", "engine")
 
 
-def pool_windows(named: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+def pool_windows(named: Sequence[tuple[str, dict[str, Any]]], repo: Path = ROOT) -> dict[str, Any]:
     """One data set from several runs of the same traces on the same scheduler, router and engine code,
     each started at another time (a window of this shared machine): every (window, seed) is a sample.
 
     With a few dozen jobs per cell, one window's ratio moves by a quarter within half an hour
     (docs/benchmarks/stacks.md, "Does running interleaved cost a stack?"); pooling windows is how a
     goal's verdict gets more samples without changing what each sample is. Raises ValueError naming
-    the field (or the product code) that differs."""
+    the field (or the product code) that differs. `repo`: the git repository the recorded heads are in."""
     if len(named) < 2:
         raise ValueError("--pool-windows: give at least two JSONs")
     first_name, first = named[0]
@@ -1090,7 +1090,7 @@ def pool_windows(named: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         heads.append((name, git["head"]))
     for name, head in heads[1:]:
         diff = subprocess.run(
-            ["git", "diff", "--quiet", heads[0][1], head, "--", *PRODUCT_DIRS], cwd=ROOT, capture_output=True
+            ["git", "diff", "--quiet", heads[0][1], head, "--", *PRODUCT_DIRS], cwd=repo, capture_output=True
         )
         if diff.returncode != 0:
             why = "differ" if diff.returncode == 1 else f"cannot be compared ({diff.stderr.decode().strip()})"

@@ -332,16 +332,34 @@ _CLASS = {"jobs": 2, "met": 1, "goodput": 0.0, "possible": 10.0, "attainment": 0
           "unfinished": 0, "met_by_cutoff": 1, "throughput": 10.0}  # fmt: skip
 
 
-def test_pooled_windows_are_samples_of_their_own_not_sums_per_seed() -> None:
-    """Two windows of one tree (HEAD twice: the product code cannot differ): each (window, seed) is
-    paired with the baseline of the same window, so the per-sample spread shows 1.5x and 3.0x, where
-    pairing by seed alone would divide one window's goodput by the other's."""
-    head = stacks.subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=stacks.ROOT, capture_output=True, text=True
-    )
-    first = _window(head.stdout.strip(), ("d", 0, 150.0), ("a-rr", 0, 100.0))
-    second = _window(head.stdout.strip(), ("d", 0, 60.0), ("a-rr", 0, 20.0))
-    data = stacks.pool_windows([("w1", first), ("w2", second)])
+def _repo(tmp_path) -> tuple[object, str, str, str]:
+    """A git repository of three commits: the first two differ in docs/ only, the third in scheduler/.
+    Real git, so `pool_windows` runs the same `git diff` it runs on this project's history."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    git("init", "-q")
+    heads = []
+    for path, text in (("scheduler/gmax.py", "a"), ("docs/x.md", "b"), ("scheduler/gmax.py", "c")):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_text(text)
+        git("add", "-A")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", path)
+        heads.append(git("rev-parse", "HEAD"))
+    return tmp_path, *heads
+
+
+def test_pooled_windows_are_samples_of_their_own_not_sums_per_seed(tmp_path) -> None:
+    """Two windows of one product tree (commits differing in docs/ only): each (window, seed) is paired
+    with the baseline of the same window, so the per-sample spread shows 1.5x and 3.0x, where pairing
+    by seed alone would divide one window's goodput by the other's (7.5x)."""
+    repo, first_head, docs_head, _ = _repo(tmp_path)
+    first = _window(first_head, ("d", 0, 150.0), ("a-rr", 0, 100.0))
+    second = _window(docs_head, ("d", 0, 60.0), ("a-rr", 0, 20.0))
+    data = stacks.pool_windows([("w1", first), ("w2", second)], repo)
     assert [(r["window"], r["seed"]) for r in data["runs"]] == [(0, 0), (0, 0), (1, 0), (1, 0)]
     text, rows = stacks.checks(data)
     (row,) = rows
@@ -350,29 +368,22 @@ def test_pooled_windows_are_samples_of_their_own_not_sums_per_seed() -> None:
     assert "2 windows x seeds" in stacks.report(data, None, None)
 
 
-def test_windows_of_other_traces_or_other_code_are_not_pooled() -> None:
-    head = stacks.subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=stacks.ROOT, capture_output=True, text=True
-    )
-    one = _window(head.stdout.strip(), ("d", 0, 1.0))
-    other_rates = {**_window(head.stdout.strip(), ("d", 0, 1.0)), "rates": {"latency": {"2.0": 9.9}}}
+def test_windows_of_other_traces_or_other_code_are_not_pooled(tmp_path) -> None:
+    repo, head, _, changed = _repo(tmp_path)
+    one = _window(head, ("d", 0, 1.0))
+    other_rates = {**_window(head, ("d", 0, 1.0)), "rates": {"latency": {"2.0": 9.9}}}
     with pytest.raises(ValueError, match="rates differs between a and b"):
-        stacks.pool_windows([("a", one), ("b", other_rates)])
-    dirty = _window(head.stdout.strip(), ("d", 0, 1.0))
+        stacks.pool_windows([("a", one), ("b", other_rates)], repo)
+    dirty = _window(head, ("d", 0, 1.0))
     dirty["git"]["uncommitted_scheduler"] = ["1 file changed"]
     with pytest.raises(ValueError, match="b ran uncommitted scheduler/router code"):
-        stacks.pool_windows([("a", one), ("b", dirty)])
-    # the first commit that has a scheduler/ directory differs from HEAD there
-    first = stacks.subprocess.run(
-        ["git", "log", "--reverse", "--format=%H", "--", "scheduler"],
-        cwd=stacks.ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout.split()[0]
+        stacks.pool_windows([("a", one), ("b", dirty)], repo)
     with pytest.raises(ValueError, match="engine code of a .* and b .* differ"):
-        stacks.pool_windows([("a", one), ("b", _window(first, ("d", 0, 1.0)))])
+        stacks.pool_windows([("a", one), ("b", _window(changed, ("d", 0, 1.0)))], repo)
+    with pytest.raises(ValueError, match="cannot be compared"):
+        stacks.pool_windows([("a", one), ("b", _window("0" * 40, ("d", 0, 1.0)))], repo)
     with pytest.raises(ValueError, match="at least two"):
-        stacks.pool_windows([("a", one)])
+        stacks.pool_windows([("a", one)], repo)
 
 
 def test_pool_windows_will_not_overwrite_the_latest_run_record() -> None:
