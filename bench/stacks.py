@@ -1072,6 +1072,9 @@ def pool_windows(named: Sequence[tuple[str, dict[str, Any]]], repo: Path = ROOT)
     the field (or the product code) that differs. `repo`: the git repository the recorded heads are in."""
     if len(named) < 2:
         raise ValueError("--pool-windows: give at least two JSONs")
+    for name, data in named:
+        if data.get("windows"):
+            raise ValueError(f"--pool-windows: {name} is pooled already: pool the runs it was made of")
     first_name, first = named[0]
     for name, data in named[1:]:
         for key in POOL_SAME:

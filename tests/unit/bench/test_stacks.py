@@ -366,6 +366,8 @@ def test_pooled_windows_are_samples_of_their_own_not_sums_per_seed(tmp_path) -> 
     assert row["total"] == pytest.approx(210 / 120)  # pooled: summed over every sample
     assert "[1.50-3.00]" in text
     assert "2 windows x seeds" in stacks.report(data, None, None)
+    with pytest.raises(ValueError, match="w12 is pooled already"):  # its windows would be merged into one
+        stacks.pool_windows([("w12", data), ("w1", first)], repo)
 
 
 def test_windows_of_other_traces_or_other_code_are_not_pooled(tmp_path) -> None:
