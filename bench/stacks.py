@@ -1059,6 +1059,8 @@ POOL_SAME = (
     "rates",
     "frame_steps",
 )
+# The code whose behaviour a run measures: a run records uncommitted changes there, and only runs of the
+# same code there are pooled.
 PRODUCT_DIRS = ("scheduler", "router", "engine")
 
 
@@ -1087,7 +1089,7 @@ def pool_windows(named: Sequence[tuple[str, dict[str, Any]]], repo: Path = ROOT)
     for name, data in named:
         git = data.get("git") or {}
         if git.get("uncommitted_scheduler"):
-            raise ValueError(f"--pool-windows: {name} ran uncommitted scheduler/router code")
+            raise ValueError(f"--pool-windows: {name} ran uncommitted code in {', '.join(PRODUCT_DIRS)}")
         if not git.get("head"):
             raise ValueError(f"--pool-windows: {name} records no git head")
         heads.append((name, git["head"]))
@@ -1296,8 +1298,11 @@ def report(data: dict[str, Any], out: Path | None, log_dir: Path | None) -> str:
         check_md, rows = checks(data)
         data["checks"] = rows
         windows = data.get("windows")
-        over = f"{len(windows)} windows x seeds; [per-sample" if windows else "seeds; [per-seed"
-        over += " min-max]"
+        over = (
+            f"{len(windows)} windows x seeds; [per-sample min-max]"
+            if windows
+            else "seeds; [per-seed min-max]"
+        )
         parts += [tables(data), f"\n**Goals (issue 13), pooled over {over}**\n", check_md]
         if by_rule := rejections_table(data):
             parts.append(by_rule)
@@ -1473,7 +1478,8 @@ def _git() -> dict[str, Any]:
     return {
         "head": run("rev-parse", "--short", "HEAD"),
         "subject": run("log", "-1", "--format=%s")[:120],
-        "uncommitted_scheduler": run("diff", "--stat", "HEAD", "--", "scheduler", "router").splitlines()[-1:],
+        # (the key keeps its first name, which older runs' JSONs carry; it covers every PRODUCT_DIRS entry)
+        "uncommitted_scheduler": run("diff", "--stat", "HEAD", "--", *PRODUCT_DIRS).splitlines()[-1:],
     }
 
 

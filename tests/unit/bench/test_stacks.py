@@ -378,7 +378,7 @@ def test_windows_of_other_traces_or_other_code_are_not_pooled(tmp_path) -> None:
         stacks.pool_windows([("a", one), ("b", other_rates)], repo)
     dirty = _window(head, ("d", 0, 1.0))
     dirty["git"]["uncommitted_scheduler"] = ["1 file changed"]
-    with pytest.raises(ValueError, match="b ran uncommitted scheduler/router code"):
+    with pytest.raises(ValueError, match="b ran uncommitted code in scheduler, router, engine"):
         stacks.pool_windows([("a", one), ("b", dirty)], repo)
     with pytest.raises(ValueError, match="engine code of a .* and b .* differ"):
         stacks.pool_windows([("a", one), ("b", _window(changed, ("d", 0, 1.0)))], repo)
