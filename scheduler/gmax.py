@@ -577,11 +577,13 @@ def _plan_jit(
     """Just-in-time GMAX (docs/decisions/core.md, "Just-in-time bandwidth").
 
     1. Reserve: a request whose service cannot wait one frame without losing goodput (its margin over
-       the frame is > 0; a compound stage behind its sub-deadline: all of its goodput) gets a slot, most
+       the frame is > 0; a compound stage behind its sub-deadline: all of its goodput) gets a slot.
+       Streams still on time for their first token go first, earliest due first; then the rest, most
        goodput saved per slot-second first; with `type_fair`, that density (scaled to the largest) is
        mixed with its SLO type's Fair(r) as §4.2's fairness extension mixes priority:
        (1 - f) x density + f x Fair(r), f = `params.class_fairness`.
     2. Fill: requests with slack by Algorithm 1 (priority, cutoff, length window) in the slots left.
+       Unstarted streams already past their first token's due time come after all of it.
     3. Best-effort work takes what no SLO needs; it joins step 2 only as its default deadline nears.
     Only a reserved request may preempt, and only a running one that can wait (not reserved) and is not
     a stream unless the engine swaps, when the goodput it saves beats what the victim and the stalled
@@ -625,9 +627,12 @@ def _plan_jit(
         # slack to give and its whole value is at stake (docs/decisions/core.md, "A stage behind its
         # sub-deadline is reserved"). `value_now` is 0 where infeasible and bounds every margin.
         margin = np.where(behind, value_now, margin)
-    urgent = an.feasible & (margin > _EPS) & ~is_be
+    # Streams with no token yet: on time for their first token, they go first; already past it and
+    # unstarted, they wait behind all feasible SLO work (docs/decisions/core.md, "First tokens first").
+    first_on_time, first_missed = _first_token_groups(work, now, slots.size, unstarted)
+    urgent = an.feasible & (margin > _EPS) & ~is_be & ~first_missed
     be_due = is_be & (work.deadline - now < an.t_gen + horizon)
-    slack = an.feasible & ~urgent & (~is_be | be_due)
+    slack = an.feasible & ~urgent & (~is_be | be_due) & ~first_missed
     spare = an.feasible & is_be & ~be_due
 
     urgent_pos = urgent.nonzero()[0]
@@ -638,7 +643,7 @@ def _plan_jit(
         fair = type_fair[table.slo_type[slots[urgent_pos]]]
         density = (1 - f) * density / max(float(density.max()), _EPS) + f * fair
     urgent_pos = urgent_pos[np.argsort(-density, kind="stable")]
-    urgent_pos = _first_tokens_by_due(urgent_pos, table, slots, work, now)
+    urgent_pos = _first_tokens_first(urgent_pos, first_on_time, table, slots)
     slack_pos = slack.nonzero()[0]
     room = max(B - urgent_pos.size, 0)
     if room and slack_pos.size:
@@ -660,6 +665,7 @@ def _plan_jit(
             urgent_pos,
             group,
             by_priority(slack_rest),
+            by_priority((first_missed & an.feasible).nonzero()[0]),
             by_priority(spare.nonzero()[0]),
             by_priority((~an.feasible).nonzero()[0]),
         ]
@@ -701,30 +707,37 @@ def _plan_jit(
     return replace(plan, reservation=reservation)
 
 
-def _first_tokens_by_due(
-    urgent_pos: np.ndarray, table: RequestTable, slots: np.ndarray, work: _Work, now: float
-) -> np.ndarray:
-    """The reservation's order with the streams still on time for their first token taken in the order
-    their first tokens are due (earliest first), in the places density gave that group.
+def _first_token_groups(
+    work: _Work, now: float, size: int, unstarted: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Masks over the analyzed slots: streams with no token yet whose first token is on time if served
+    now, and unstarted streams whose first token is already late."""
+    on_time = np.zeros(size, dtype=bool)
+    missed = np.zeros(size, dtype=bool)
+    if work.lat.size:
+        lateness = _first_token_lateness(work, now)  # -inf once a stream has its first token
+        on_time[work.lat] = np.isfinite(lateness) & (lateness <= 1e-9)
+        missed[work.lat] = lateness > 1e-9
+        missed &= unstarted
+    return on_time, missed
 
-    Such streams all have their whole stream at stake; their densities differ only by their length
-    bounds and prompts, so by density a chat that arrived later overtook one about to reach its TTFT
-    and its waiting_time (real engines, chat 2x: admitted chats dropped unstarted). Among them the
-    earliest due goes first, as a deadline-ordered queue would; how many places they get against
-    other work stays the density's (docs/decisions/core.md, "First tokens in due order").
+
+def _first_tokens_first(
+    urgent_pos: np.ndarray, first_on_time: np.ndarray, table: RequestTable, slots: np.ndarray
+) -> np.ndarray:
+    """The reservation's order with the streams still on time for their first token moved to its head,
+    earliest due first (arrival + TTFT); the rest keep their order (density, mixed with Fair(r)).
+
+    A first token is a one-off deadline: missed, the chat fails as its user sees it whatever follows,
+    while a deadline request's slack spans its whole deadline (docs/decisions/core.md, "First tokens
+    first").
     """
-    if urgent_pos.size < 2 or not work.lat.size:
+    head = first_on_time[urgent_pos]
+    if not head.any():
         return urgent_pos
-    on_time = np.zeros(slots.size, dtype=bool)
-    on_time[work.lat] = (work.lat_generated == 0) & (_first_token_lateness(work, now) <= 1e-9)
-    places = np.flatnonzero(on_time[urgent_pos])
-    if places.size < 2:
-        return urgent_pos
-    members = urgent_pos[places]
-    due = table.arrival[slots[members]] + table.ttft[slots[members]]  # when each first token is due
-    reordered = urgent_pos.copy()
-    reordered[places] = members[np.argsort(due, kind="stable")]
-    return reordered
+    members = urgent_pos[head]
+    due = table.arrival[slots[members]] + table.ttft[slots[members]]
+    return np.concatenate([members[np.argsort(due, kind="stable")], urgent_pos[~head]])
 
 
 _MAX_PAIRS = 16  # preemptions weighed per plan: bounds the cost of a plan at large B

@@ -266,9 +266,12 @@ def test_the_paper_ranking_stays_selectable():
 
 
 def _chat_and_denser_deadline(table: RequestTable) -> None:
-    """Two urgent requests for one slot: a short chat whose first token is at stake, and a deadline
-    request about to miss whose prompt makes it worth more per slot-second."""
-    table.add(_chat("chat"))  # 200 tokens at stake over 2.5 s of slot time
+    """Two urgent requests for one slot: a paused chat (its first token sent, a swapping engine paused
+    it) whose later tokens are at stake, and a deadline request about to miss whose prompt makes it
+    worth more per slot-second. A stream still waiting for its first token would go first whatever
+    the densities ("First tokens first"), so the fairness term is seen on a stream past it."""
+    table.add(_chat("chat"))
+    table.progress("chat", generated=1, computed=101)  # waiting again, its first token delivered
     table.add(deadline_request("dense", deadline=2.0, input_len=1000, ub=20))  # 1,020 over 1.5 s
 
 
@@ -278,10 +281,10 @@ def test_the_reservation_serves_the_type_it_has_been_failing_first():
     table = RequestTable()
     _chat_and_denser_deadline(table)
     one_slot = GMAXParams(batch_size=1, class_fairness=0.5)
-    failing_chats = np.array([0.9, 0.0, 0.0, 0.0])  # latency met 10% lately, deadline work all of it
+    failing_chats = np.array([1.0, 0.0, 0.0, 0.0])  # latency met none lately, deadline work all of it
     assert table.ids(plan_frame(table, 0.0, SPEED, one_slot).batch) == ["dense"]
     assert table.ids(plan_frame(table, 0.0, SPEED, one_slot, type_fair=failing_chats).batch) == ["chat"]
-    # (chat 0.5 x 80 / 680 + 0.5 x 0.9 = 0.51 against 0.5 x 1 + 0.) f = 0 turns the term off; a type
+    # (chat 0.5 x its density / the deadline's + 0.5 x 1 > 0.5 x 1 + 0.) f = 0 turns the term off; a type
     # served as well as the other gains nothing
     off = GMAXParams(batch_size=1, class_fairness=0.0)
     assert table.ids(plan_frame(table, 0.0, SPEED, off, type_fair=failing_chats).batch) == ["dense"]
@@ -364,3 +367,40 @@ def test_streams_on_time_for_their_first_token_are_reserved_in_due_order():
     late_plan = plan_frame(late_table, 0.4, SPEED, JIT)
     assert late_plan.analysis is not None and late_plan.analysis.feasible.all()  # both are candidates
     assert late_table.ids(late_plan.order) == ["fresh", "missed"]
+
+
+def test_a_first_token_on_time_goes_ahead_of_denser_urgent_work():
+    """A chat waiting for its first token takes the one slot from a deadline request about to miss that
+    is worth five times as much per slot-second, with no fairness term: a missed first token fails the
+    chat whatever follows (docs/decisions/core.md, "First tokens first"). Algorithm 1 and a paused
+    stream (first token sent) leave the slot to the denser request."""
+    one_slot = GMAXParams(batch_size=1, class_fairness=0.0)
+    table = RequestTable()
+    table.add(_chat("chat"))
+    table.add(deadline_request("dense", deadline=2.0, input_len=1000, ub=20))
+    assert table.ids(plan_frame(table, 0.0, SPEED, one_slot).batch) == ["chat"]
+    assert table.ids(plan_frame(table, 0.0, SPEED, replace(one_slot, ranking="paper")).batch) == ["dense"]
+    paused = RequestTable()
+    _chat_and_denser_deadline(paused)
+    assert paused.ids(plan_frame(paused, 0.0, SPEED, one_slot).batch) == ["dense"]
+
+
+def test_an_unstarted_stream_past_its_first_token_waits_behind_work_with_slack():
+    """A chat that would start after its first token's due time can still earn the tokens that catch
+    up with its timeline, so it is not dropped; but it is served after every feasible SLO request,
+    with slack or not, and before best-effort work that no deadline presses."""
+    one_slot = GMAXParams(batch_size=1)
+    patient = SLO.latency(ttft=1.0, tbt=0.1, waiting_time=30.0)
+    table = RequestTable()
+    table.add(NewRequest("missed", patient, arrival=-5.0, input_len=100, max_tokens=200, len_ub=200))
+    table.add(deadline_request("slack", deadline=120.0, input_len=100, ub=20))
+    table.add(NewRequest("batch", SLO.best_effort(), arrival=0.0, input_len=100, max_tokens=20, len_ub=20))
+    plan = plan_frame(table, 0.0, SPEED, one_slot)
+    assert plan.analysis is not None and plan.analysis.feasible.all()
+    assert table.ids(plan.order) == ["slack", "missed", "batch"]
+    assert plan.reservation is not None and plan.reservation.waiting == 0  # nothing reserved
+    # with its first token still on time it is reserved and goes first
+    fresh = RequestTable()
+    fresh.add(NewRequest("chat", patient, arrival=0.0, input_len=100, max_tokens=200, len_ub=200))
+    fresh.add(deadline_request("slack", deadline=120.0, input_len=100, ub=20))
+    assert fresh.ids(plan_frame(fresh, 0.0, SPEED, one_slot).order)[0] == "chat"

@@ -81,19 +81,22 @@ def _reference(table, now, speed, params, tenant_fair=None):
     staged = np.isfinite(program_deadline) & (program_deadline > sub_deadline)
     behind = staged & (sub_deadline - now < an.t_gen) & an.feasible
     margin = np.where(behind, np.maximum(margin, value_now), margin)
-    urgent = an.feasible & (margin > _EPS) & ~is_be
+    # streams with no token yet: on time for the first, they lead the reservation in due order; unstarted
+    # and already late for it, they come after all feasible SLO work (docs/decisions/core.md)
+    new_stream = (slo == LATENCY) & (table.generated[slots] == 0)
+    missed_now = _first_token_due_missed(table, speed, slots, now)
+    new_on_time = new_stream & ~missed_now
+    new_missed = new_stream & missed_now & unstarted
+    urgent = an.feasible & (margin > _EPS) & ~is_be & ~new_missed
     be_due = is_be & (table.deadline_abs[slots] - now < an.t_gen + horizon)
-    slack = an.feasible & ~urgent & (~is_be | be_due)
+    slack = an.feasible & ~urgent & (~is_be | be_due) & ~new_missed
     spare = an.feasible & is_be & ~be_due
 
     urgent_pos = np.flatnonzero(urgent)
     urgent_pos = _by(margin / np.minimum(an.t_gen, horizon), urgent_pos)
-    # streams on time for their first token take their places in due order (docs/decisions/core.md)
-    new_on_time = (slo == LATENCY) & (table.generated[slots] == 0)
-    new_on_time &= ~_first_token_due_missed(table, speed, slots, now)
-    places = [i for i, p in enumerate(urgent_pos) if new_on_time[p]]
     due = table.arrival[slots] + table.ttft[slots]
-    urgent_pos[places] = sorted(urgent_pos[places], key=lambda p: due[p])
+    head = sorted((p for p in urgent_pos if new_on_time[p]), key=lambda p: due[p])
+    urgent_pos = np.array(head + [p for p in urgent_pos if not new_on_time[p]], dtype=np.int64)
     slack_pos = np.flatnonzero(slack)
     room = max(B - urgent_pos.size, 0)
     group = slack_pos[:0]
@@ -106,6 +109,7 @@ def _reference(table, now, speed, params, tenant_fair=None):
             urgent_pos,
             group,
             _by(an.priority, rest),
+            _by(an.priority, np.flatnonzero(new_missed & an.feasible)),
             _by(an.priority, np.flatnonzero(spare)),
             _by(an.priority, np.flatnonzero(~an.feasible)),
         ]
