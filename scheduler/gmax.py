@@ -557,7 +557,7 @@ def _margin(
     if work.lat.size:
         lateness = _first_token_lateness(work, now)
         delay = (start[work.lat] if np.ndim(start) else start) - now
-        misses_ttft = (lateness <= 1e-9) & (lateness + delay > 1e-9)
+        misses_ttft = (lateness <= _EPS) & (lateness + delay > _EPS)
         lost_whole[work.lat[misses_ttft]] = True
     value_late = np.where(feasible_late & ~lost_whole, goodput_late, 0.0)
     return np.maximum(value_now - value_late, 0.0)
@@ -716,8 +716,8 @@ def _first_token_groups(
     missed = np.zeros(size, dtype=bool)
     if work.lat.size:
         lateness = _first_token_lateness(work, now)  # -inf once a stream has its first token
-        on_time[work.lat] = np.isfinite(lateness) & (lateness <= 1e-9)
-        missed[work.lat] = lateness > 1e-9
+        on_time[work.lat] = np.isfinite(lateness) & (lateness <= _EPS)
+        missed[work.lat] = lateness > _EPS
         missed &= unstarted
     return on_time, missed
 
