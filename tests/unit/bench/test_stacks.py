@@ -393,6 +393,20 @@ def test_pool_windows_will_not_overwrite_the_latest_run_record() -> None:
         stacks.main(["--pool-windows", "a.json,b.json"])
 
 
+def test_re_rendering_a_record_prints_and_leaves_the_latest_run_record_alone(tmp_path, monkeypatch, capsys):
+    """`--report-only OLD.json` once overwrote docs/benchmarks/stacks.json (the default --out) with the old
+    record. It now writes files only to an --out given explicitly. (monkeypatch only moves the working
+    directory, where the relative default --out points, into tmp_path.)"""
+    record = tmp_path / "old.json"
+    record.write_text(json.dumps({"rates": {"latency": {"1.0": 2.5}}, "runs": []}))
+    monkeypatch.chdir(tmp_path)
+    assert stacks.main(["--report-only", str(record)]) == 0
+    assert "1.0x = latency 2.50 jobs/s" in capsys.readouterr().out
+    assert not stacks.DEFAULT_OUT.with_suffix(".json").exists()
+    assert stacks.main(["--report-only", str(record), "--out", str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again.json").read_text())["rates"] == {"latency": {"1.0": 2.5}}
+
+
 def test_the_frame_is_shortened_like_the_jobs():
     # 254 ms per step: the jobs are cut to 1 / 5.08 of their tokens, and a 50-step frame to 10 steps,
     # so the frame lasts the 2.5 s it lasts at 50 ms per step instead of outlasting every SLO (12.7 s)
