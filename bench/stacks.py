@@ -1441,7 +1441,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--out",
         type=Path,
         default=DEFAULT_OUT,
-        help="writes OUT.json and OUT.png, after every cell (docs/benchmarks/stacks)",
+        help="writes OUT.json and OUT.png, after every cell (docs/benchmarks/stacks, the latest run's "
+        "record: --report-only writes only to an --out given explicitly, and --pool-windows needs one)",
     )
     p.add_argument(
         "--log-dir",

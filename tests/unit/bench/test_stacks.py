@@ -4,7 +4,8 @@ cutoff, drain and closed loop.
 The client tests run against a paced stub server (`_paced_chat_server`) instead of a real engine: what
 they check is which call is mid-stream at the cutoff and how many tokens land in a window, which a
 real engine's speed on a shared two-core machine would make a matter of luck. The real stacks run in
-the benchmark itself."""
+the benchmark itself. The one use of monkeypatch moves the working directory into tmp_path, so the
+relative default --out cannot touch the repository's record; nothing is mocked there."""
 
 from __future__ import annotations
 
