@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jitserve.scheduler.placement import ShortReplyRule
+from jitserve.scheduler.placement import DEPLOYED_SHORT_REPLY, ShortReplyRule
 from jitserve.sim.settings import DEFAULT_POLICIES, JITSERVE, ORACLE, PAPER
 
 # every baseline `jitserve sim` runs by default, in its order (sim/settings.py declares the names)
@@ -227,7 +227,7 @@ def suite_run(
 # then place()'s other short-reply rules (by their `ShortReplyRule` names) and GMAX's B at max_num_seqs.
 SUITE_VARIANTS = (
     "deployed",
-    *(r.value for r in ShortReplyRule if r is not ShortReplyRule.OCCUPANCY),
+    *(r.value for r in ShortReplyRule if r is not DEPLOYED_SHORT_REPLY),
     "b-max-num-seqs",
 )
 
@@ -262,6 +262,15 @@ def suite_variants(
         more = " ..." if len(missing) > 3 else ""
         print(f"--stored: {stored_path} has no run of {', '.join(missing[:3])}{more}", file=sys.stderr)
         return 2
+    # the variants run at the stored run's own windows (a `--suite --duration-scale` run stores longer ones)
+    scales = {stored["workloads"][w.name]["duration_s"] / w.duration_s for w in chosen}
+    if len(scales) != 1:
+        print(
+            f"--stored: {stored_path} scales its workloads' windows unevenly: {sorted(scales)}",
+            file=sys.stderr,
+        )
+        return 2
+    (duration_scale,) = scales
     deployed = {k: policies.FACTORIES[k] for k in (JITSERVE, ORACLE)}
 
     def build(name: str, oracle: bool):  # type: ignore[no-untyped-def]
@@ -292,6 +301,7 @@ def suite_variants(
                 seeds=tuple(seeds),
                 policies=(JITSERVE, ORACLE),
                 predictor=stored.get("predictor", "conditional"),
+                duration_scale=duration_scale,
             )
             met, ratios, lines = 0, [], []
             for w in chosen:
@@ -398,7 +408,9 @@ def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) ->
         "m:one-token admission": jit(short_reply=ShortReplyRule.ONE_TOKEN),
         "m:bound admission": jit(short_reply=ShortReplyRule.BOUND),
         "m:later stages exempt": jit(short_reply=ShortReplyRule.LATER_STAGES),
-        "m:half-bound admission": jit(short_reply=ShortReplyRule.HALF_BOUND),
+        "m:occupancy rule (busy replicas take no short-reply request)": jit(
+            short_reply=ShortReplyRule.OCCUPANCY
+        ),
         "m:B=max_num_seqs": lambda ctx: jit(params={"batch_size": ctx.batch_size})(ctx),
         "m:least-load placement (no admission)": jit(placement="least-load", router_admission=False),
     }
@@ -534,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         "--stored",
         type=Path,
         default=Path("docs/benchmarks/suite/suite.json"),
-        help="with --suite-variants: the suite run whose baselines the variants are judged against",
+        help="with --suite-variants: the suite run whose baselines the variants are judged against, at its "
+        "windows",
     )
     args = parser.parse_args(argv)
     seeds = [int(x) for x in args.seeds.split(",")]
@@ -551,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.duration_scale != 1.0:
             parser.error(
-                "--duration-scale: --suite-variants compares with the stored run, at its own windows"
+                "--duration-scale: --suite-variants runs at the windows of the stored run (--stored)"
             )
         if not args.stored.is_file():
             parser.error(f"--stored: no suite run at {args.stored} (bench/sim.py --suite writes one)")

@@ -16,7 +16,13 @@ from enum import StrEnum
 import numpy as np
 
 from jitserve.scheduler.gmax import GMAXParams
-from jitserve.scheduler.placement import Rejection, ReplicaState, ShortReplyRule, place
+from jitserve.scheduler.placement import (
+    DEPLOYED_SHORT_REPLY,
+    Rejection,
+    ReplicaState,
+    ShortReplyRule,
+    place,
+)
 from jitserve.scheduler.requests import NewRequest
 from jitserve.scheduler.slo import SLO, OverloadAction, SLOClassSpec
 
@@ -68,7 +74,7 @@ def decide(
     cached_tokens: list[int] | None = None,
     rng: np.random.Generator | None = None,
     params: GMAXParams = GMAXParams(),
-    short_reply: ShortReplyRule = ShortReplyRule.OCCUPANCY,
+    short_reply: ShortReplyRule = DEPLOYED_SHORT_REPLY,
 ) -> Decision:
     """Admit on the best replica, downgrade, or reject. `states` must be non-empty. `params` and
     `short_reply` go to `place()` (the simulator studies them; the router runs the defaults)."""

@@ -7,9 +7,10 @@ the one where its priority is highest when every sampled replica is scored at th
 step time (a pool's replicas are the same hardware, so a faster report is a lighter load or an older
 measurement; queue delay and cache hits still tell them apart), the least loaded among near-ties.
 If no replica can still meet the SLO even with a one-token reply, there is no
-placement: admission rejects it. A request that is on time only if its reply is shorter than its
-conservative length bound goes only to a replica that is not busy (fewer than a quarter of its batch
-running or waiting); if every sampled replica that could serve it is busy, admission rejects it.
+placement: admission rejects it. A request that is on time with half its conservative length bound
+(its q0.9 bound halved: about its median reply) goes to any replica where it is; one on time only with
+a still shorter reply goes only to a replica that is not busy (fewer than a quarter of its batch
+running or waiting), and if every sampled replica that could serve it is busy, admission rejects it.
 (`ShortReplyRule` keeps the alternatives measured against this rule for the ablation.)
 A request below every replica's admission bar queues only where the expected queue delay is shorter
 than its waiting_time; where it is not, the engine would drop it after the wait, so admission
@@ -35,13 +36,13 @@ class ShortReplyRule(StrEnum):
     """Where `place()` admits a request that is on time only with a reply shorter than its length bound
     (docs/decisions/core.md, "Admission"; the alternatives are kept for bench/sim.py --mechanisms)."""
 
-    OCCUPANCY = "occupancy"  # deployed: only on a replica less than a quarter full (running + waiting)
+    HALF_BOUND = "half-bound"  # deployed: anywhere if on time with half its bound; OCCUPANCY below that
+    OCCUPANCY = "occupancy"  # only on a replica less than a quarter full (running + waiting)
     NO_QUEUE = "no-queue"  # only on a replica with a free slot and no queue delay
     ONE_TOKEN = "one-token"  # anywhere a one-token reply would be on time
     BOUND = "bound"  # nowhere: admission by the length bound alone
     # measured and not kept (docs/decisions/core.md, "The busy-replica rule, refined"):
     LATER_STAGES = "later-stages"  # OCCUPANCY, but a stage carrying earlier calls' goodput goes anywhere
-    HALF_BOUND = "half-bound"  # anywhere if on time with half its bound; OCCUPANCY below that
 
 
 class Rejection(StrEnum):
@@ -54,6 +55,10 @@ class Rejection(StrEnum):
     BUSY_SHORT_REPLY = "busy_short_reply"  # on time only with a reply under its bound; every replica busy
     QUEUE_TOO_LONG = "queue_too_long"  # below every bar; the queue outlasts how long it may wait unstarted
 
+
+# The rule admission runs (router, simulator): chosen on sustained windows of the real engines and the
+# simulated suite (docs/decisions/core.md, "Half-bound admission over sustained overload")
+DEPLOYED_SHORT_REPLY = ShortReplyRule.HALF_BOUND
 
 # ShortReplyRule.OCCUPANCY's share of the batch: set on the paper mix, then measured against the other
 # rules on every workload of the suite (docs/decisions/core.md, "Admission")
@@ -183,7 +188,7 @@ def place(
     cached_tokens: list[int] | None = None,
     rng: np.random.Generator | None = None,
     params: GMAXParams = GMAXParams(),
-    short_reply: ShortReplyRule = ShortReplyRule.OCCUPANCY,
+    short_reply: ShortReplyRule = DEPLOYED_SHORT_REPLY,
 ) -> Placement:
     """Power-of-K over replica-specific priorities. `k=None` samples every replica (K = M)."""
     m = len(replicas)

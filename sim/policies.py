@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jitserve.scheduler.gmax import GMAXParams
-from jitserve.scheduler.placement import ShortReplyRule
+from jitserve.scheduler.placement import DEPLOYED_SHORT_REPLY, ShortReplyRule
 from jitserve.scheduler.policy import EDFPolicy, FCFSPolicy, GMAXPolicy, Policy, SJFPolicy, oracle_policy
 from jitserve.scheduler.slo import OverloadAction
 from jitserve.sim.profiles import BatchTimeModel, Profile
@@ -70,7 +70,7 @@ class PolicySetup:
     placement: str = "least-load"  # default placement across replicas
     placement_params: GMAXParams | None = None  # what place() analyzes with (default: the policy's params)
     # where place() admits requests on time only with a reply shorter than the bound
-    short_reply: ShortReplyRule = ShortReplyRule.OCCUPANCY
+    short_reply: ShortReplyRule = DEPLOYED_SHORT_REPLY
     # what the router does with a request no replica can serve on time: reject (429) or downgrade to
     # best-effort (every class's `overload` setting; scoring still holds it to its own SLO)
     overload: OverloadAction = OverloadAction.REJECT
