@@ -81,17 +81,33 @@ def test_a_short_reply_is_rejected_on_a_busy_replica():
 
 
 def test_a_short_reply_goes_to_the_idle_replica():
-    # the busy replica is faster (higher priority) but the short-reply request goes only where it is idle
+    # the busy replica is faster (higher priority) but a request on time only with under half its bound
+    # (0.6 s: ~18 of 40 tokens at 30 ms, ~11 at 50 ms) goes only where it is idle
     busy = replica("a", running=4, step_time_s=0.03)
     idle = replica("b", running=1)
-    assert place(tight(deadline=1.0), [busy, idle], now=0.0).replica == 1
-    assert place(tight(deadline=1.0), [idle, busy], now=0.0).replica == 0
+    assert place(tight(deadline=0.6), [busy, idle], now=0.0).replica == 1
+    assert place(tight(deadline=0.6), [idle, busy], now=0.0).replica == 0
+
+
+def test_a_likely_reply_goes_to_a_busy_replica():
+    """The deployed rule (HALF_BOUND): a request on time with half its q0.9 bound, about its median
+    reply, is admitted where it is; the busy rule holds only requests that need a still shorter reply."""
+    half = replica("a", running=4)  # half full: busy
+    # 40 bound tokens at 50 ms: a 1.2 s deadline fits ~23 (>= half the bound), 1.0 s only ~19
+    likely = place(tight(deadline=1.2), [half], now=0.0)
+    assert likely.replica == 0 and "shorter than its length bound" in likely.reason
+    unlikely = place(tight(deadline=1.0), [half], now=0.0)
+    assert unlikely.replica is None and unlikely.rejection is Rejection.BUSY_SHORT_REPLY
+    # the same 1.2 s request under the occupancy rule alone (deployed until 2026-11-28) is turned away
+    occupancy = place(tight(deadline=1.2), [half], now=0.0, short_reply=ShortReplyRule.OCCUPANCY)
+    assert occupancy.rejection is Rejection.BUSY_SHORT_REPLY
 
 
 def test_the_short_reply_rules_kept_for_the_ablation():
     req = tight(deadline=1.0)  # on time only with a reply shorter than its 40-token bound
     half = replica("a", running=4)  # half full, no queue
-    assert place(req, [half], now=0.0).replica is None  # deployed: OCCUPANCY, >= B/4
+    assert place(req, [half], now=0.0).replica is None  # deployed: under half its bound, >= B/4
+    assert place(req, [half], now=0.0, short_reply=ShortReplyRule.OCCUPANCY).replica is None
     assert place(req, [half], now=0.0, short_reply=ShortReplyRule.NO_QUEUE).replica == 0
     queued = replica("a", running=8, waiting=1, queue_delay_s=0.01)
     assert place(req, [queued], now=0.0, short_reply=ShortReplyRule.NO_QUEUE).replica is None
@@ -99,17 +115,11 @@ def test_the_short_reply_rules_kept_for_the_ablation():
     assert place(req, [queued], now=0.0, short_reply=ShortReplyRule.ONE_TOKEN).replica == 0
 
 
-def test_the_refinements_measured_and_not_kept():
-    """LATER_STAGES and HALF_BOUND (docs/decisions/core.md, "The busy-replica rule, refined"): each lets
-    through exactly the short-reply requests it names, and the busy rule still holds the others."""
-    half = replica("a", running=4)  # half full: busy by the deployed rule
-    # HALF_BOUND: 40 bound tokens; a 1.2 s deadline fits ~23 (>= half the bound), 1.0 s only ~19
-    likely = place(tight(deadline=1.2), [half], now=0.0, short_reply=ShortReplyRule.HALF_BOUND)
-    assert likely.replica == 0 and "shorter than its length bound" in likely.reason
-    assert place(tight(deadline=1.2), [half], now=0.0).rejection is Rejection.BUSY_SHORT_REPLY
-    unlikely = place(tight(deadline=1.0), [half], now=0.0, short_reply=ShortReplyRule.HALF_BOUND)
-    assert unlikely.rejection is Rejection.BUSY_SHORT_REPLY
-    # LATER_STAGES: the same request carrying an earlier call's goodput goes to the busy replica
+def test_the_refinement_measured_and_not_kept():
+    """LATER_STAGES (docs/decisions/core.md, "The busy-replica rule, refined") lets through exactly the
+    short-reply requests it names, and the busy rule still holds the others."""
+    half = replica("a", running=4)  # half full: busy
+    # the same request carrying an earlier call's goodput goes to the busy replica (1.0 s: ~19 tokens of 40)
     stage = NewRequest(
         "s", SLO.deadline_slo(1.0), arrival=0.0, input_len=200, max_tokens=40, program_goodput=50
     )

@@ -5,7 +5,8 @@ a fresh K-row `RequestTable` with one dummy copy of the request per sampled repl
 `analyze` over it. It stays here as the test's reference only; the production `place()` must return the
 same replica, priorities (bit for bit), sampled set and reason on every input. (The busy-replica rule
 for short-reply requests, the waiting_time check below every bar, the ranking at the slowest
-reported step time and the start of reserved work were added to both later.)
+reported step time, the start of reserved work and the half-bound step of the deployed short-reply rule
+were added to both later.)
 """
 
 from __future__ import annotations
@@ -95,11 +96,15 @@ def _reference_place(
         )
 
     ahead, feasible_any, an_priority, feasible_behind = judge()
-    short_reply = False
+    short_reply = shorter_than_bound = False
+    if not feasible_any.any() and table.len_ub[slots[0]] > 1:  # the deployed rule: half the bound first
+        table.len_ub[slots] //= 2
+        ahead, feasible_any, an_priority, feasible_behind = judge()
+        shorter_than_bound = bool(feasible_any.any())
     if not feasible_any.any():
         table.len_ub[slots] = 1
         ahead, feasible_any, an_priority, feasible_behind = judge()
-        short_reply = True
+        short_reply = shorter_than_bound = True
     # ranked at the slowest reported step time (feasibility above keeps each replica's own)
     slowest = EngineSpeed(
         step_time=np.full(len(states), float(np.max(speed.step_time))),  # type: ignore[arg-type]
@@ -111,7 +116,7 @@ def _reference_place(
     if not feasible_any.any():
         return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
     feasible = feasible_any
-    if short_reply:  # on time only with a reply shorter than the bound: only on a replica under B/4
+    if short_reply:  # on time only with under half its bound: only on a replica under B/4
         idle = np.asarray([s.running + s.waiting < 0.25 * s.batch_size for s in states])
         feasible = feasible & idle
         if not feasible.any():
@@ -123,7 +128,7 @@ def _reference_place(
     if eligible.any():
         score = np.where(eligible, rank, -np.inf)
         reason = "admitted by replica-specific priority"
-        if short_reply:
+        if shorter_than_bound:
             reason = "admitted: on time only if the reply is shorter than its length bound"
         elif not (eligible & feasible_behind).any():
             reason = (
