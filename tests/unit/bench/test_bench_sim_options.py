@@ -4,6 +4,7 @@ message that names it, never silently ignored (the suite once ran every policy w
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -20,14 +21,16 @@ def test_the_suite_refuses_a_policy_subset_instead_of_ignoring_it(capsys: pytest
 
 def test_suite_variants_refuse_an_unknown_variant(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        bench_sim.main(["--suite-variants", "half-bound,quarter-bound"])
+        bench_sim.main(["--suite-variants", "occupancy,quarter-bound"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "--suite-variants: unknown quarter-bound" in err and "half-bound" in err.split("known:")[1]
+    assert "--suite-variants: unknown quarter-bound" in err and "occupancy" in err.split("known:")[1]
+    # the deployed rule is the `deployed` row, not a variant of itself
+    assert "half-bound" not in err.split("known:")[1]
 
 
 def test_suite_variants_refuse_windows_other_than_the_stored_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    # the variants are judged against the stored run's baselines, which ran at the suite's own windows
+    # the variants are judged against the stored run's baselines, so they run at the stored run's windows
     with pytest.raises(SystemExit) as exit_info:
         bench_sim.main(["--suite-variants", "one-token", "--duration-scale", "0.5"])
     assert exit_info.value.code == 2
@@ -53,3 +56,30 @@ def test_suite_variants_name_the_cells_the_stored_run_lacks(
     )
     assert code == 2
     assert "has no run of paper-mix load 2 seed 0" in capsys.readouterr().err
+
+
+def test_suite_variants_refuse_a_stored_run_with_uneven_windows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The variants run at the stored run's windows, read from its workloads' `duration_s` against the
+    suite's own: a record whose workloads were scaled differently has no one scale to run at."""
+    from jitserve.sim import suite
+
+    own = {w.name: w.duration_s for w in suite.SUITE}
+    cell = {"by_load": {"1": {"0": {}}}}
+    stored = tmp_path / "suite.json"
+    stored.write_text(
+        json.dumps(
+            {
+                "policies": [],
+                "workloads": {
+                    "paper-mix": {**cell, "duration_s": own["paper-mix"] * 4},
+                    "bursty": {**cell, "duration_s": own["bursty"]},
+                },
+            }
+        )
+    )
+    argv = ["--suite-variants", "one-token", "--stored", str(stored), "--loads", "1"]
+    code = bench_sim.main([*argv, "--workloads", "paper-mix,bursty"])
+    assert code == 2
+    assert "scales its workloads' windows unevenly: [1.0, 4.0]" in capsys.readouterr().err
