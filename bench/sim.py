@@ -9,7 +9,7 @@
     python bench/sim.py --suite --seeds 0,1,2 --out docs/benchmarks   # every workload x load x policy
     python bench/sim.py --saturation agentic          # vLLM FCFS's saturation rate on a workload
     python bench/sim.py --mechanisms agentic --loads 1,2 --seeds 0,1,2  # what each JITServe part costs
-    python bench/sim.py --suite-variants half-bound,one-token --seeds 0,1,2  # admission variants, whole suite
+    python bench/sim.py --suite-variants occupancy,one-token --seeds 0,1,2  # admission variants, whole suite
 
 Writes `<out>/ratios.md` (the tables of docs/benchmarks/sim.md) and `<out>/sweep.json`.
 """
