@@ -263,7 +263,7 @@ def suite_variants(
         print(f"--stored: {stored_path} has no run of {', '.join(missing[:3])}{more}", file=sys.stderr)
         return 2
     # the variants run at the stored run's own windows (a `--suite --duration-scale` run stores longer ones)
-    scales = {stored["workloads"][w.name]["duration_s"] / w.duration_s for w in chosen}
+    scales = {round(stored["workloads"][w.name]["duration_s"] / w.duration_s, 6) for w in chosen}
     if len(scales) != 1:
         print(
             f"--stored: {stored_path} scales its workloads' windows unevenly: {sorted(scales)}",

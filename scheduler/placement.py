@@ -284,7 +284,8 @@ def place(
         return Placement(None, priority, sampled, reason, Rejection.NO_TIME)
     feasible = an_feasible
     if needs_short_reply:
-        # On time only if the reply is shorter than its bound: take it only where it costs no one else.
+        # On time only with a reply shorter than the rule tried (half the bound under HALF_BOUND, the
+        # whole bound under the others): take it only where it costs no one else.
         # Doomed long replies admitted onto a loaded replica hold batch slots that later arrivals would
         # have used (docs/decisions/core.md, "Admission").
         feasible = feasible & _short_reply_room(short_reply, occupied, batch, delay, request)
