@@ -202,6 +202,11 @@ def prometheus_text(state: EngineState | None, now: float) -> bytes:
                     "expected wait before a new request starts",
                     s.queue_delay_s,
                 ),
+                (
+                    "jitserve_engine_pending_prefill_tokens",
+                    "prompt tokens the batch has yet to compute",
+                    s.pending_prefill_tokens,
+                ),
                 ("jitserve_engine_kv_usage_ratio", "fraction of KV cache blocks in use", s.kv_usage),
                 ("jitserve_engine_cutoff_ratio", "GMAX cutoff p", s.cutoff),
             ]

@@ -213,7 +213,7 @@ class Dispatcher:
             "accept-encoding": "identity",
             "x-request-id": new.request_id,
         }
-        self.pool.dispatched(replica)
+        self.pool.dispatched(replica, new.input_len)
         flight = Flight(
             new.request_id,
             decision.slo_class,

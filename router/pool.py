@@ -149,9 +149,10 @@ class Pool:
         return counts
 
     # -- proxy feedback ------------------------------------------------------------------------------
-    def dispatched(self, r: Replica) -> None:
+    def dispatched(self, r: Replica, prompt_tokens: int = 0) -> None:
         r.inflight += 1
         r.sent_since_state += 1
+        r.prompt_tokens_since_state += prompt_tokens
         r.chosen_total += 1
 
     def released(self, r: Replica) -> None:
@@ -251,6 +252,7 @@ class Pool:
                 if self._stalled(r, state):
                     return  # its scheduler stopped stepping: down until its report moves again
                 r.state, r.state_at, r.sent_since_state = state, self.clock(), 0
+                r.prompt_tokens_since_state = 0
                 if state.model not in r.models:
                     r.models = r.models | {state.model}
             elif status in (404, 503):

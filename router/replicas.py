@@ -53,6 +53,7 @@ class Replica:
     failures: int = 0
     inflight: int = 0  # requests the router has open on it
     sent_since_state: int = 0  # dispatched after the last state report
+    prompt_tokens_since_state: int = 0  # their prompt tokens (the report's pending prefill lacks them)
     chosen_total: int = 0
     tags: dict[str, str] = field(default_factory=dict)
     unresponsive: bool = False  # down because it stopped answering (its health probe timed out)
@@ -129,7 +130,9 @@ def effective_state(r: Replica, now_wall: float, now_mono: float, defaults: Defa
             return s
         free = max(s.batch_size - s.running - s.waiting, 0)
         spill = max(extra - free, 0)
-        update: dict[str, object] = {}
+        update: dict[str, object] = {
+            "pending_prefill_tokens": s.pending_prefill_tokens + r.prompt_tokens_since_state
+        }
         if s.reserved_waiting is not None:
             # what the router sent since beyond the free slots may all be work the engine reserves
             update["reserved_waiting"] = s.reserved_waiting + spill

@@ -1,11 +1,13 @@
 """Power-of-K placement across replicas (JITServe §4.3) and the state each replica reports.
 
 The request gets K dummy copies, one per sampled replica, each analyzed with that replica's speed,
-expected queueing delay and prefix-cache hit: the same `analyze` GMAX runs inside every engine. The
+expected start (its queue delay, and no earlier than the prompts its batch has yet to prefill) and
+prefix-cache hit: the same `analyze` GMAX runs inside every engine. The
 request goes to a replica where its replica-specific priority clears that replica's admission bar:
 the one where its priority is highest when every sampled replica is scored at the slowest reported
-step time (a pool's replicas are the same hardware, so a faster report is a lighter load or an older
-measurement; queue delay and cache hits still tell them apart), the least loaded among near-ties.
+step time and prefill rate (a pool's replicas are the same hardware, so a faster report is a lighter
+load or an older measurement; start times and cache hits still tell them apart), the least loaded among
+near-ties.
 If no replica can still meet the SLO even with a one-token reply, there is no
 placement: admission rejects it. A request that is on time with half its conservative length bound
 (its q0.9 bound halved: about its median reply) goes to any replica where it is; one on time only with
@@ -91,6 +93,12 @@ class ReplicaState(BaseModel):
         ge=0, description="cutoff x B-th highest priority in the queue; 0 when a batch slot is free"
     )
     queue_delay_s: float = Field(ge=0, description="expected wait before a new request starts")
+    pending_prefill_tokens: int = Field(
+        0,
+        ge=0,
+        description="prompt tokens the requests in the batch have yet to compute: a chunked-prefill engine "
+        "computes them before a newcomer's prompt",
+    )
     reserved_waiting: int | None = Field(
         None,
         ge=0,
@@ -124,6 +132,11 @@ class ReplicaState(BaseModel):
             return 0.0 if turns <= 0 else self.queue_delay_s
         return min(turns * turn, self.queue_delay_s)
 
+    def prefill_wait_s(self) -> float:
+        """Seconds until the prompts already on this replica are computed: a newcomer's prefill starts
+        after them (vLLM keeps started prefills in its running list, ahead of new requests)."""
+        return self.pending_prefill_tokens / self.prefill_tokens_per_s
+
     def slot_turn_s(self) -> float | None:
         """Seconds between batch slots freeing, as this report's queue delay implies (its own mix of
         lengths): the delay spread over the requests it counts. None when the report counts no queue."""
@@ -144,6 +157,7 @@ class ReplicaLoad:
     committed_bandwidth: float  # sum of bw over the feasible queued requests
     admission_priority: float  # cutoff x the B-th highest feasible priority; 0 while a slot is free
     queue_delay_s: float  # queued work ahead of a newcomer, spread over B slots
+    pending_prefill_tokens: int  # prompt tokens the table's requests have yet to compute
 
 
 def replica_load(
@@ -157,9 +171,13 @@ def replica_load(
 ) -> ReplicaLoad:
     """What a replica reports of its queue: the engine pod and the simulated replica both call this,
     so the router's placement sees the same numbers from either."""
-    committed, admission, delay = 0.0, 0.0, 0.0
+    committed, admission, delay, pending = 0.0, 0.0, 0.0, 0
     slots = table.active_slots()
     if slots.size:
+        # prompt work of the batch (vLLM's running list, prefills in admission order); a waiting request
+        # is counted by the queue delay, and GMAX may start a newcomer ahead of it
+        run = slots[table.running[slots]]
+        pending = int(np.maximum(table.input_len[run] + table.generated[run] - table.computed[run], 0).sum())
         an = analyze(table, now, speed, GMAXParams(batch_size=batch_size), slots)
         committed = float(an.bw[an.feasible].sum())
         if running + waiting >= batch_size:
@@ -168,7 +186,7 @@ def replica_load(
                 admission = cutoff * float(pri[batch_size - 1])
             # Queued work ahead of a newcomer, spread over B slots: its expected wait.
             delay = requests_ahead(running, waiting, batch_size) * float(an.t_gen.mean()) / batch_size
-    return ReplicaLoad(committed, max(admission, 0.0), delay)
+    return ReplicaLoad(committed, max(admission, 0.0), delay, pending)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,11 +219,14 @@ def place(
         rng = rng or np.random.default_rng()
         sampled = np.sort(rng.choice(m, size=max(k, 1), replace=False))
     n = sampled.size
-    # One pass over the sampled states: a column per field (floats; the integer counts stay exact).
+    # One pass over the sampled states: a column per field (floats; the integer counts stay exact). A
+    # newcomer starts no earlier than the prompts already in the batch are prefilled (docs/decisions/core.md,
+    # "Placement counts the prompts ahead"), wherever else it would start.
     step, prefill, delay, bar, occupied, batch, reserved_delay, reserves = np.array(
         [
-            (s.step_time_s, s.prefill_tokens_per_s, s.queue_delay_s, s.admission_priority,
-             s.running + s.waiting, s.batch_size, s.reserved_delay_s(), s.reserved_waiting is not None)
+            (s.step_time_s, s.prefill_tokens_per_s, max(s.queue_delay_s, s.prefill_wait_s()),
+             s.admission_priority, s.running + s.waiting, s.batch_size,
+             max(s.reserved_delay_s(), s.prefill_wait_s()), s.reserved_waiting is not None)
             for s in (replicas[j] for j in sampled)
         ],
         dtype=np.float64,
@@ -218,22 +239,28 @@ def place(
     # A pool's replicas are the same hardware: their reported step times differ by load and by
     # measurement lag, not by speed. Ranked at
     # its own report, a replica measured before a burst looks fastest and takes all of it
-    # (docs/benchmarks/sim.md, "Where JITServe loses"). Feasibility keeps each replica's own speed; the
-    # ranking compares them at the slowest, so load and queue decide.
+    # (docs/benchmarks/sim.md, "Where JITServe loses"); a prefill rate measured on a lighter load draws
+    # every long prompt the same way. Feasibility keeps each replica's own speed; the ranking compares
+    # them at the slowest step and prefill rate, so load and queue decide.
     # Where a sampled replica reports a reservation, it is also analyzed where a request it would reserve
     # starts (`reserved_delay`: just-in-time GMAX serves work that cannot wait ahead of work that can;
     # docs/decisions/core.md, "Admission: where a reserved request starts"). All in one `analyze`: blocks
     # of n rows, own speed at `delay` (then at `reserved_delay`), then the same again at the slowest step
     # when the reports differ.
-    ranked_apart = bool(step.min() < step.max())
+    ranked_apart = bool(step.min() < step.max() or prefill.min() < prefill.max())
     any_reserves = bool(reserves.any())
     starts = [delay, reserved_delay] if any_reserves else [delay]
     k = len(starts)  # blocks per speed
     blocks = 2 * k if ranked_apart else k
     steps = np.concatenate([step] * k + [np.full(k * n, step.max())]) if ranked_apart else _repeat(step, k)
+    prefills = (
+        np.concatenate([prefill] * k + [np.full(k * n, prefill.min())])
+        if ranked_apart
+        else _repeat(prefill, k)
+    )
     speed = EngineSpeed(
         step_time=steps,  # type: ignore[arg-type]
-        prefill_tokens_per_s=_repeat(prefill, blocks),  # type: ignore[arg-type]
+        prefill_tokens_per_s=prefills,  # type: ignore[arg-type]
     )
     delay_rows = _repeat(np.concatenate(starts) if k > 1 else delay, blocks // k)
     if computed is not None:

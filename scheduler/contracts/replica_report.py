@@ -56,6 +56,7 @@ def assemble_replica_state(
         "residual_capacity": batch_size - load.committed_bandwidth,
         "admission_priority": load.admission_priority,
         "queue_delay_s": load.queue_delay_s,
+        "pending_prefill_tokens": load.pending_prefill_tokens,
         "reserved_waiting": None if reservation is None else reservation.waiting,
         "yieldable": None if reservation is None else reservation.yieldable,
         "kv_usage": min(max(kv_usage, 0.0), 1.0),

@@ -53,6 +53,40 @@ def test_a_faster_report_is_scored_but_not_ranked():
     assert due.replica == 1 and due.priorities[0] == 0
 
 
+def test_a_faster_prefill_report_is_not_ranked_either():
+    """Prefill rates, like step times, differ between a pool's replicas by load and measurement lag: a
+    long prompt is ranked at the slowest reported rate, so the less loaded replica takes it, not the one
+    that happened to measure a faster prefill."""
+    long_prompt = NewRequest("r", SLO.deadline_slo(8.0), arrival=0.0, input_len=8000, max_tokens=40)
+    fast_busy = replica("fast", prefill_tokens_per_s=8000.0, running=1)
+    slow_idle = replica("slow", prefill_tokens_per_s=4000.0)
+    p = place(long_prompt, [fast_busy, slow_idle], now=0.0)
+    assert p.priorities[0] > p.priorities[1]  # replica-specific, as reported
+    assert p.replica == 1
+
+
+def test_prompts_ahead_delay_a_newcomer():
+    """A chunked-prefill engine computes the prompts it already holds before a newcomer's (vLLM keeps
+    started prefills ahead of new requests): 20,000 pending tokens at 4,000/s start a newcomer 5 s late,
+    which a 3 s deadline cannot afford there, whatever the order of the replicas."""
+    prefilling = replica("a", running=1, pending_prefill_tokens=20_000)
+    decoding = replica("b", running=1)
+    assert place(tight(), [prefilling, decoding], now=0.0).replica == 1
+    assert place(tight(), [decoding, prefilling], now=0.0).replica == 0
+    # behind that much prefill everywhere, not even a one-token reply is on time
+    p = place(tight(), [prefilling, prefilling.model_copy(update={"pod": "c"})], now=0.0)
+    assert p.replica is None and p.rejection is Rejection.NO_TIME
+    # a looser deadline is feasible on both, and the replica with less prefill ahead takes it
+    assert (
+        place(
+            tight(deadline=10.0),
+            [prefilling, decoding.model_copy(update={"pending_prefill_tokens": 4000})],
+            now=0.0,
+        ).replica
+        == 1
+    )
+
+
 def test_unattainable_slo_has_no_placement():
     # the prompt alone takes 200 / 4000 = 0.05 s plus a 2.5 s queue: a 1 s deadline is out of reach
     queued = [replica("a", queue_delay_s=2.5), replica("b", queue_delay_s=2.5)]
@@ -255,3 +289,25 @@ def test_a_request_the_engine_would_reserve_is_judged_where_reserved_work_starts
     assert p.replica is None and p.reason.startswith("rejected: below every replica's admission bar")
     p = place(tight(deadline=60.0), [replica("a", **full, reserved_waiting=0, yieldable=0)], now=0.0)
     assert p.replica == 0 and p.reason.startswith("queued: below every replica's admission bar")
+
+
+def test_a_replica_reports_the_prompt_tokens_its_batch_has_yet_to_compute():
+    """What `analyze` counts as a request's prefill left, summed over the batch (vLLM's running list,
+    whose prefills go before a newcomer's): a half-done prompt's rest, a rescheduled preempted request's
+    recompute (prompt plus what it generated), nothing for one decoding. A waiting request is not
+    counted: the queue delay covers it, and GMAX may start a newcomer ahead of it."""
+    from jitserve.scheduler.gmax import EngineSpeed
+    from jitserve.scheduler.placement import replica_load
+    from jitserve.scheduler.requests import RequestTable
+
+    table = RequestTable()
+    for rid, input_len in (("prefilling", 1000), ("decoding", 500), ("resumed", 300), ("waiting", 5000)):
+        table.add(NewRequest(rid, SLO.deadline_slo(10.0), arrival=0.0, input_len=input_len, max_tokens=40))
+    for rid in ("prefilling", "decoding", "resumed"):
+        table.set_running(rid, True)
+    table.progress("prefilling", 0, 400)
+    table.progress("decoding", 20, 520)
+    table.progress("resumed", 10, 0)  # preempted earlier, its KV dropped: prompt and replies again
+    speed = EngineSpeed(step_time=0.05, prefill_tokens_per_s=4000.0)
+    load = replica_load(table, 0.0, speed, batch_size=8, cutoff=0.95, running=3, waiting=1)
+    assert load.pending_prefill_tokens == 600 + 0 + 310

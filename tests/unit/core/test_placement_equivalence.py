@@ -5,8 +5,8 @@ a fresh K-row `RequestTable` with one dummy copy of the request per sampled repl
 `analyze` over it. It stays here as the test's reference only; the production `place()` must return the
 same replica, priorities (bit for bit), sampled set and reason on every input. (The busy-replica rule
 for short-reply requests, the waiting_time check below every bar, the ranking at the slowest
-reported step time, the start of reserved work and the half-bound step of the deployed short-reply rule
-were added to both later.)
+reported step time and prefill rate, the start of reserved work, the half-bound step of the deployed
+short-reply rule and the prompts a replica still has to prefill were added to both later.)
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def _reference_place(
         step_time=np.asarray([s.step_time_s for s in states]),  # type: ignore[arg-type]
         prefill_tokens_per_s=np.asarray([s.prefill_tokens_per_s for s in states]),  # type: ignore[arg-type]
     )
-    delay = np.asarray([s.queue_delay_s for s in states])
+    # no newcomer starts before the prompts already on the replica are computed
+    prefill_wait = np.asarray([s.pending_prefill_tokens / s.prefill_tokens_per_s for s in states])
+    delay = np.maximum(np.asarray([s.queue_delay_s for s in states]), prefill_wait)
     # where a request the replica would reserve starts: behind its reserved work still waiting, a slot
     # turn apart, after what can yield (straight from the report's fields)
     reserved = []
@@ -81,7 +83,7 @@ def _reference_place(
             reserved.append(s.queue_delay_s)
         else:
             reserved.append(min(turns * turn, s.queue_delay_s))
-    reserved_delay = np.asarray(reserved)
+    reserved_delay = np.maximum(np.asarray(reserved), prefill_wait)
     reserves = np.asarray([s.reserved_waiting is not None for s in states])
 
     def judge() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -105,10 +107,10 @@ def _reference_place(
         table.len_ub[slots] = 1
         ahead, feasible_any, an_priority, feasible_behind = judge()
         short_reply = shorter_than_bound = True
-    # ranked at the slowest reported step time (feasibility above keeps each replica's own)
+    # ranked at the slowest reported step time and prefill rate (feasibility above keeps each replica's own)
     slowest = EngineSpeed(
         step_time=np.full(len(states), float(np.max(speed.step_time))),  # type: ignore[arg-type]
-        prefill_tokens_per_s=speed.prefill_tokens_per_s,
+        prefill_tokens_per_s=np.full(len(states), float(np.min(speed.prefill_tokens_per_s))),  # type: ignore[arg-type]
     )
     start = np.where(ahead, reserved_delay, delay)
     rank = analyze(table, now, slowest, params, slots, queue_delay=start).priority  # type: ignore[arg-type]
@@ -216,6 +218,7 @@ def _random_replica(rng: np.random.Generator, i: int, shared: dict | None) -> Re
         admission_priority=float(rng.choice([0.0, rng.uniform(0, 50), rng.uniform(0, 5000)])),
         queue_delay_s=float(rng.choice([0.0, rng.uniform(0, 3), rng.uniform(0, 40)])),
         kv_usage=float(rng.uniform(0, 1)),
+        pending_prefill_tokens=int(rng.choice([0, rng.integers(0, 4000), rng.integers(0, 100_000)])),
         cutoff=0.95,
         frames=int(rng.integers(0, 100)),
         updated_at=0.0,

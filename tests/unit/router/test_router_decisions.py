@@ -74,6 +74,17 @@ def test_requests_sent_past_a_full_report_count_as_reserved_work_waiting() -> No
     assert s is not None and s.reserved_waiting is None
 
 
+def test_prompts_sent_since_the_report_count_as_prefill_ahead() -> None:
+    """The report's pending prefill predates what the router sent since: placement must see those
+    prompts too, or a burst of long prompts all lands on the replica that reported none; the next report
+    replaces the count."""
+    r = replica(idle_state("p", running=2, pending_prefill_tokens=1000), at=100.0)
+    r.sent_since_state, r.prompt_tokens_since_state = 2, 6000
+    s = effective_state(r, 0.0, 100.2, DEFAULTS)
+    assert s is not None and s.pending_prefill_tokens == 7000
+    assert s.prefill_wait_s() == pytest.approx(7000 / s.prefill_tokens_per_s)
+
+
 def test_engines_that_report_nothing_queue_one_turn_per_request_ahead() -> None:
     r = replica(None, at=-np.inf, inflight=DEFAULTS.batch_size + 2)  # two wait: a newcomer is third
     s = effective_state(r, 0.0, 5.0, DEFAULTS)
