@@ -157,7 +157,7 @@ class ReplicaLoad:
     committed_bandwidth: float  # sum of bw over the feasible queued requests
     admission_priority: float  # cutoff x the B-th highest feasible priority; 0 while a slot is free
     queue_delay_s: float  # queued work ahead of a newcomer, spread over B slots
-    pending_prefill_tokens: int  # prompt tokens the table's requests have yet to compute
+    pending_prefill_tokens: int  # prompt tokens the batch's (running) requests have yet to compute
 
 
 def replica_load(
@@ -246,7 +246,7 @@ def place(
     # starts (`reserved_delay`: just-in-time GMAX serves work that cannot wait ahead of work that can;
     # docs/decisions/core.md, "Admission: where a reserved request starts"). All in one `analyze`: blocks
     # of n rows, own speed at `delay` (then at `reserved_delay`), then the same again at the slowest step
-    # when the reports differ.
+    # and prefill rate when the reports differ.
     ranked_apart = bool(step.min() < step.max() or prefill.min() < prefill.max())
     any_reserves = bool(reserves.any())
     starts = [delay, reserved_delay] if any_reserves else [delay]

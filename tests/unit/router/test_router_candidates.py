@@ -73,10 +73,11 @@ def test_dispatches_since_the_report_and_releases_update_the_state_placement_rea
     fresh, stateless = pool.replicas["r0"], pool.replicas["r1"]
     view = {r.name: s for r, s in zip(*pool.candidates(MODEL), strict=True)}
     assert view["r0"].waiting == 0 and view["r1"].running == 0
-    for r in (fresh, fresh, stateless):
-        pool.dispatched(r)
+    for r, prompt in ((fresh, 3000), (fresh, 500), (stateless, 100)):
+        pool.dispatched(r, prompt)
     view = {r.name: s for r, s in zip(*pool.candidates(MODEL), strict=True)}
     assert view["r0"].waiting == 2 and view["r1"].running == 1
+    assert view["r0"].pending_prefill_tokens == 3500  # their prompts, ahead of the next newcomer's
     pool.released(stateless)
     view = {r.name: s for r, s in zip(*pool.candidates(MODEL), strict=True)}
     assert view["r1"].running == 0

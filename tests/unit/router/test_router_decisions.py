@@ -76,8 +76,7 @@ def test_requests_sent_past_a_full_report_count_as_reserved_work_waiting() -> No
 
 def test_prompts_sent_since_the_report_count_as_prefill_ahead() -> None:
     """The report's pending prefill predates what the router sent since: placement must see those
-    prompts too, or a burst of long prompts all lands on the replica that reported none; the next report
-    replaces the count."""
+    prompts too, or a burst of long prompts all lands on the replica that reported none."""
     r = replica(idle_state("p", running=2, pending_prefill_tokens=1000), at=100.0)
     r.sent_since_state, r.prompt_tokens_since_state = 2, 6000
     s = effective_state(r, 0.0, 100.2, DEFAULTS)
