@@ -175,10 +175,8 @@ def _work(
         total = np.where(total > 0, total, table.len_ub[slots])
     total = np.maximum(total, generated + 1)
     len_rem = (total - generated).astype(np.float64)
-    done = table.computed[slots] if computed is None else computed
     input_len = table.input_len[slots]
-    prefill_rem = np.maximum(input_len + generated - done, 0)
-    prefill_time = prefill_rem / speed.prefill_tokens_per_s
+    prefill_time = table.prefill_left(slots, computed) / speed.prefill_tokens_per_s
     t_gen = len_rem * v + prefill_time + _EPS
 
     slo_type = table.slo_type[slots]

@@ -177,7 +177,7 @@ def replica_load(
         # prompt work of the batch (vLLM's running list, prefills in admission order); a waiting request
         # is counted by the queue delay, and GMAX may start a newcomer ahead of it
         run = slots[table.running[slots]]
-        pending = int(np.maximum(table.input_len[run] + table.generated[run] - table.computed[run], 0).sum())
+        pending = int(table.prefill_left(run).sum())
         an = analyze(table, now, speed, GMAXParams(batch_size=batch_size), slots)
         committed = float(an.bw[an.feasible].sum())
         if running + waiting >= batch_size:
@@ -222,15 +222,16 @@ def place(
     # One pass over the sampled states: a column per field (floats; the integer counts stay exact). A
     # newcomer starts no earlier than the prompts already in the batch are prefilled (docs/decisions/core.md,
     # "Placement counts the prompts ahead"), wherever else it would start.
-    step, prefill, delay, bar, occupied, batch, reserved_delay, reserves = np.array(
+    step, prefill, delay, bar, occupied, batch, reserved_delay, reserves, prefill_wait = np.array(
         [
-            (s.step_time_s, s.prefill_tokens_per_s, max(s.queue_delay_s, s.prefill_wait_s()),
-             s.admission_priority, s.running + s.waiting, s.batch_size,
-             max(s.reserved_delay_s(), s.prefill_wait_s()), s.reserved_waiting is not None)
+            (s.step_time_s, s.prefill_tokens_per_s, s.queue_delay_s, s.admission_priority,
+             s.running + s.waiting, s.batch_size, s.reserved_delay_s(), s.reserved_waiting is not None,
+             s.prefill_wait_s())
             for s in (replicas[j] for j in sampled)
         ],
         dtype=np.float64,
     ).T  # fmt: skip
+    delay, reserved_delay = np.maximum(delay, prefill_wait), np.maximum(reserved_delay, prefill_wait)
     reserves = reserves.astype(bool)
     computed = None
     if cached_tokens is not None:

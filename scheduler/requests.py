@@ -209,6 +209,13 @@ class RequestTable:
         if self.len_ub[slot] <= generated:
             self.len_ub[slot] = min(generated + 1, int(self.max_tokens[slot]))
 
+    def prefill_left(self, slots: np.ndarray, computed: np.ndarray | None = None) -> np.ndarray:
+        """Tokens each slot must still run through prefill: its prompt plus what it generated (a request
+        preempted by recompute computes both again), less what is computed (`computed` overrides the
+        table's progress, as placement's cache hits do)."""
+        done = self.computed[slots] if computed is None else computed
+        return np.maximum(self.input_len[slots] + self.generated[slots] - done, 0)
+
     def mark_preempted(self, slot: int) -> None:
         """The policy's preemption of `slot` was carried out (a recompute engine yields a request once:
         docs/decisions/core.md, "One recompute per request"); the adapter also sets it not running."""

@@ -73,7 +73,7 @@ class SLOsServePolicy:
         pddl, tpot = self._slo(table, slots[cand])
         order = cand[np.argsort(pddl, kind="stable")]
         pddl_sorted = np.sort(pddl, kind="stable")
-        prefill_work = np.maximum(table.input_len[slots] + table.generated[slots] - table.computed[slots], 0)
+        prefill_work = table.prefill_left(slots)
         decodes = int(table.running[slots].sum())
         step = max(self.timing.decode_step_time(max(decodes, 1), 1024.0), 1e-3)
         budget_tokens = self.timing.max_tokens_within(float(max(tpot.min(), step)), ctx=1024.0)
