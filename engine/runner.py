@@ -209,6 +209,7 @@ class FrameRunner:
         )
         self.classes = ClassSource(settings.classes_file, settings.default_class)
         self.meter = SpeedMeter()
+        self.step_token_budget: int | None = None  # the last step's, when the policy held it below ceiling
         self.window = GoodputWindow(WINDOW_S)
         self.meta: dict[str, _Meta] = {}
         self.recent: deque[RequestDebug] = deque(maxlen=RECENT)
@@ -446,6 +447,17 @@ class FrameRunner:
             self.classes.poll()
         return self.driver.plan(kind, self.meter.speed())
 
+    def token_budget(self, ceiling: int) -> int:
+        """Tokens the next step may schedule: the policy's pace-bound budget (`GMAXPolicy.token_budget`),
+        at most `ceiling`, the engine's configured max_num_batched_tokens; `ceiling` for a policy that
+        does not pace steps. Called once per step."""
+        pace = getattr(self.policy, "token_budget", None)
+        if pace is None:
+            return ceiling
+        budget = max(int(pace(self.table, self.clock(), self.meter.speed(), ceiling)), 1)
+        self.step_token_budget = budget if budget < ceiling else None
+        return budget
+
     def expired_ids(self, now: float) -> list[str]:
         """Waiting requests past waiting_time, checked every step so none is admitted after it."""
         if not self.drops_expired or now < self._next_expiry:
@@ -486,6 +498,7 @@ class FrameRunner:
             recent=list(self.recent),
             vllm_version=vllm_version,
             started_at=self.started_at,
+            step_token_budget=self.step_token_budget,
         )
         # validate=False: every field is computed here from validated inputs; validating again would
         # cost more than the rest of the state (it is built several times a second in the step loop).

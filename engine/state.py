@@ -79,6 +79,12 @@ class EngineState(ReplicaState):
     recent: list[RequestDebug] = Field(default_factory=list, description="latest requests, newest last")
     vllm_version: str = ""
     started_at: float = 0.0
+    step_token_budget: int | None = Field(
+        None,
+        ge=1,
+        description="tokens the last step could schedule: just-in-time GMAX keeps a step within the tightest "
+        "running pace (docs/decisions/core.md); null while the engine's configured budget applies unchanged",
+    )
 
 
 def state_schema() -> dict[str, Any]:
@@ -224,6 +230,14 @@ def prometheus_text(state: EngineState | None, now: float) -> bytes:
                         s.yieldable,
                     ),
                 ]
+            if s.step_token_budget is not None:
+                gauges.append(
+                    (
+                        "jitserve_engine_step_token_budget_tokens",
+                        "tokens the last step could schedule (the running requests' pace caps prompt work)",
+                        s.step_token_budget,
+                    )
+                )
             for name, doc, value in gauges:
                 g = GaugeMetricFamily(name, doc)
                 g.add_metric([], float(value))

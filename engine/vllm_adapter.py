@@ -74,6 +74,10 @@ class JITServeScheduler(AsyncScheduler):
         self.jit_publisher = StatePublisher(runtime_dir) if runtime_dir else None
         self._jit_pending: dict[int, list[EngineCoreOutput]] = defaultdict(list)
         self._jit_last_update: float | None = None
+        # The configured max_num_batched_tokens caps every step; the policy may hold a step below it. Only
+        # with chunked prefill: without, vLLM never schedules a prompt longer than the budget.
+        self._jit_ceiling = int(self.max_num_scheduled_tokens)
+        self._jit_paces_steps = bool(self.scheduler_config.enable_chunked_prefill)
         self._jit_last_publish = 0.0
         self._jit_publish(time.time(), force=True)  # the router sees an idle engine before any request
         log.info(
@@ -114,6 +118,10 @@ class JITServeScheduler(AsyncScheduler):
             self._jit_sync()
             self._jit_apply(self.jit.plan(kind))
         self._jit_publish(now)  # throttled (PUBLISH_EVERY_S): about every frame, and while frames are long
+        if self._jit_paces_steps:
+            # vLLM spends this budget on the running requests' next tokens, then on prompt chunks: held to
+            # the tightest running pace, a step's prompt work cannot make those tokens late
+            self.max_num_scheduled_tokens = self.jit.token_budget(self._jit_ceiling)
         output = super().schedule(*args, **kwargs)
         for request in self.running:  # admitted now or before: waiting_time no longer applies
             self.jit.started(request.request_id)

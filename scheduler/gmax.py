@@ -39,6 +39,7 @@ class EngineSpeed:
     prefill_tokens_per_s: float = 4000.0  # prompt tokens computed per second
     swap_bytes_per_s: float = 16e9  # host<->device KV copy rate (swap preemption)
     kv_bytes_per_token: float = 131072.0  # KV cache bytes per token (model dependent)
+    decode_step_time: float | None = None  # a step with no prompt work (None: not measured, step_time)
 
     def __post_init__(self) -> None:
         for name in ("step_time", "prefill_tokens_per_s", "swap_bytes_per_s", "kv_bytes_per_token"):
@@ -47,6 +48,14 @@ class EngineSpeed:
             ok = value > 0 if isinstance(value, float | int) else (np.asarray(value) > 0).all()
             if not ok:
                 raise ValueError(f"{name}: must be > 0, got {value}")
+        if self.decode_step_time is not None and not self.decode_step_time > 0:
+            raise ValueError(f"decode_step_time: must be > 0, got {self.decode_step_time}")
+
+    def decode_step_s(self) -> float:
+        """Seconds of a step without prompt work: the measured one, never above v_token (a stale
+        measurement from a lighter batch must not claim decodes are slower than every step is)."""
+        step = float(self.step_time)
+        return step if self.decode_step_time is None else min(float(self.decode_step_time), step)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from jitserve.scheduler.budget import paced_token_budget
 from jitserve.scheduler.fairness import TenantAttainment, TypeAttainment
 from jitserve.scheduler.gmax import (
     CutoffTuner,
@@ -71,6 +72,14 @@ class GMAXPolicy:
         Just-in-time GMAX preempts only for a request that would lose goodput before the next frame,
         so an urgent arrival takes a slot at once; Algorithm 1 preempts at frame boundaries only."""
         return self.params.ranking == "jit"
+
+    def token_budget(self, table: RequestTable, now: float, speed: EngineSpeed, ceiling: int) -> int:
+        """Tokens the engine's next step may schedule, at most its configured `ceiling`: just-in-time
+        GMAX keeps the step within the tightest running pace (`scheduler.budget`); Algorithm 1 alone
+        (`jitserve-paper`) leaves the engine's budget as configured."""
+        if self.params.ranking != "jit":
+            return ceiling
+        return paced_token_budget(table, now, speed, ceiling)
 
     def plan(self, table: RequestTable, now: float, speed: EngineSpeed) -> FramePlan:
         # only the just-in-time reservation reads Fair(r)

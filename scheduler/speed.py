@@ -66,4 +66,8 @@ class SpeedMeter:
         return sample + (estimate - sample) * (1 - self.alpha) ** steps
 
     def speed(self) -> EngineSpeed:
-        return EngineSpeed(step_time=self.step_time, prefill_tokens_per_s=self.prefill_tokens_per_s)
+        return EngineSpeed(
+            step_time=self.step_time,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
+            decode_step_time=self.decode_step_time if self.decode_samples else None,
+        )

@@ -199,7 +199,7 @@ class Engine:
         policy_batch = getattr(params, "batch_size", None) or getattr(self.policy, "batch_size", None)
         self._policy_batch = min(int(policy_batch or self.config.batch_size), self.config.batch_size)
         budget_fn = getattr(self.policy, "token_budget", None)
-        self._budget_fn: Callable[[RequestTable, float, EngineSpeed], int] | None = (
+        self._budget_fn: Callable[[RequestTable, float, EngineSpeed, int], int] | None = (
             budget_fn if callable(budget_fn) else None
         )
 
@@ -228,11 +228,19 @@ class Engine:
         # reads it at every arrival; a replay does not).
         step = _SPEED_STEP ** round(math.log(self.meter.step_time) / math.log(_SPEED_STEP))
         rate = _SPEED_STEP ** round(math.log(self.meter.prefill_tokens_per_s) / math.log(_SPEED_STEP))
+        # (the meter starts primed with the calibrated decode step, so it always has one)
+        decode = _SPEED_STEP ** round(math.log(self.meter.decode_step_time) / math.log(_SPEED_STEP))
         cached = self._speed
-        if cached is None or float(cached.step_time) != step or float(cached.prefill_tokens_per_s) != rate:
+        if (
+            cached is None
+            or float(cached.step_time) != step
+            or float(cached.prefill_tokens_per_s) != rate
+            or cached.decode_step_time != decode
+        ):
             cached = EngineSpeed(
                 step_time=step,
                 prefill_tokens_per_s=rate,
+                decode_step_time=decode,
                 swap_bytes_per_s=self.profile.swap_bytes_per_s,
                 kv_bytes_per_token=self.profile.model.kv_bytes_per_token,
             )
@@ -401,7 +409,7 @@ class Engine:
             pre = pre[np.lexsort((np.where(unstarted, self._rank[pre], 0.0), unstarted))]
         budget = cfg.token_budget
         if self._budget_fn is not None:
-            budget = max(int(self._budget_fn(self.table, self.clock, self.speed())), 1)
+            budget = max(int(self._budget_fn(self.table, self.clock, self.speed(), budget)), 1)
         # Step composition
         if pre.size and not cfg.chunked_prefill:
             rem = (self._target[pre] - self.table.computed[pre]).astype(np.int64)

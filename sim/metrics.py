@@ -50,6 +50,7 @@ class Report:
     timeline_bin_s: float = 60.0
     # router admission's rejections by "<SLO type>: <rule>" (scheduler.placement.Rejection); {} without it
     rejections_by_rule: dict[str, int] = field(default_factory=dict)
+    output_tokens: int = 0  # generated over the run (throughput is per second of a run that may run longer)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -125,6 +126,7 @@ def report(outcome: SimOutcome, bin_s: float = 60.0) -> Report:
         attainment={k: float(np.mean(v)) for k, v in sorted(by_type.items())},
         token_attainment=total / perfect if perfect else 0.0,
         throughput_tokens_per_s=out_tokens / span,
+        output_tokens=int(out_tokens),
         throughput_total_tokens_per_s=all_tokens / span,
         ttft_p50=_pct(ttft, 50),
         ttft_p95=_pct(ttft, 95),

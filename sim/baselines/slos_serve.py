@@ -53,7 +53,9 @@ class SLOsServePolicy:
         tpot = np.where(lat, table.tbt[slots], tier)
         return pddl, tpot
 
-    def token_budget(self, table: RequestTable, now: float, speed: EngineSpeed) -> int:
+    def token_budget(self, table: RequestTable, now: float, speed: EngineSpeed, ceiling: int) -> int:
+        """Algorithm 2's dynamic batch size: the step the tightest running TPOT allows (the engine's
+        configured `ceiling` plays no part in the paper's rule)."""
         slots = table.active_slots()
         run = slots[table.running[slots]]
         if run.size == 0:

@@ -341,6 +341,11 @@ def test_prometheus_text_names_and_labels() -> None:
     text = prometheus_text(reserving, now=reserving.updated_at).decode()
     assert "jitserve_engine_reserved_waiting_requests 3.0" in text
     assert "jitserve_engine_yieldable_requests 1.0" in text
+    # the step's token budget: only while the pace holds it below the engine's configured one
+    assert "step_token_budget" not in text
+    paced = _state(step_token_budget=201)
+    text = prometheus_text(paced, now=paced.updated_at).decode()
+    assert "jitserve_engine_step_token_budget_tokens 201.0" in text
 
 
 def test_state_file_round_trip(tmp_path: Path) -> None:

@@ -302,6 +302,34 @@ def test_state_file_reports_the_queue(
     s.shutdown()
 
 
+def test_a_step_carries_no_more_prompt_than_the_running_pace_allows(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Just-in-time GMAX holds vLLM's token budget to the tightest running pace (`scheduler.budget`): a
+    deadline request needing a token every 40 ms leaves a step of 20 ms decode 200 prompt tokens, so a
+    400-token prompt is chunked where the configured budget (512) would take it whole. A policy that
+    does not pace steps leaves the configured budget."""
+
+    def paced(policy: str) -> tuple[int, int, int | None]:
+        s = sched(tiny_model_dir, monkeypatch, policy)
+        s.add_request(make_request("d", {"deadline": 16.0}, max_tokens=401))  # bound = max_tokens
+        step(s)  # its prompt, and its first token
+        s.add_request(make_request("bulk", {"slo_class": "patient-batch"}, prompt_len=400, max_tokens=4))
+        # the meter as a measured engine has it (the harness's steps take microseconds)
+        m = s.jit.meter
+        m.step_time, m.decode_step_time, m.decode_samples, m.prefill_tokens_per_s = 0.03, 0.02, 1, 10_000.0
+        out = s.schedule()  # the step's composition is what is checked: no model output needed
+        s.shutdown()
+        # the state reports the budget while it is held below the configured one
+        reported = s.jit.state(time.time(), 2, 0, 0.0).step_token_budget
+        return out.num_scheduled_tokens["bulk"], s.max_num_scheduled_tokens, reported
+
+    chunk, budget, reported = paced("jitserve")
+    assert 190 <= chunk <= 200 and budget == chunk + 1  # one decode for "d", the rest prompt
+    assert reported == budget
+    assert paced("edf") == (400, 512, None)
+
+
 def test_refuses_vllms_priority_queue(
     jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -152,5 +152,6 @@ def test_overload_downgrade_serves_what_admission_would_reject(spec) -> None:  #
     assert reject.rejected > 0
     assert downgrade.rejected == 0  # a best-effort request is never infeasible, so always placed
     assert downgrade.requests == reject.requests
-    # the downgraded requests do run: more output than the run that turned them away
-    assert downgrade.throughput_tokens_per_s > reject.throughput_tokens_per_s
+    # the downgraded requests do run: more output than the run that turned them away (in all: the run with
+    # more work may take longer to drain, so not necessarily per second)
+    assert downgrade.output_tokens > reject.output_tokens

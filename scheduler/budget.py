@@ -1,0 +1,48 @@
+"""How many tokens an engine step may carry: no more prompt work than the running requests' pace allows.
+
+Just-in-time bandwidth (§4.2) applied to the step itself. A chunked-prefill engine spends each step's
+token budget on the running requests' next tokens and then on prompt chunks; every prompt token makes
+the step, and so every running request's next token, later. A stream needs a token every TBT; a deadline
+request with `left` tokens to go and `t` seconds left needs one every t / left seconds. The step may
+take as long as the tightest of those paces and no longer, so its prompt work is what fits in the time
+between a decode-only step and that pace (docs/decisions/core.md, "A step no longer than the tightest
+pace"). A pace no step can keep (already shorter than a decode-only step) is left out: that request is
+late whatever the step carries, and holding prompts back for it would cost everyone waiting for one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from jitserve.scheduler.gmax import EngineSpeed
+from jitserve.scheduler.requests import BEST_EFFORT, LATENCY, RequestTable
+
+# Prompt tokens a step always may carry, whatever the pace: a prompt still advances (vLLM's smallest
+# useful chunk is a KV block or a few), so new requests are never starved outright.
+MIN_PROMPT_TOKENS = 64
+# A pace counts only if a decode-only step is this much shorter: nearer, nothing could be prefilled.
+_KEEPABLE = 1.1
+
+
+def paced_token_budget(table: RequestTable, now: float, speed: EngineSpeed, ceiling: int) -> int:
+    """Tokens the next step may schedule (decodes count one each), at most `ceiling` (the engine's
+    configured budget). `speed` gives the decode-only step and the prefill rate the step is timed with."""
+    slots = table.active_slots()
+    run = slots[table.running[slots] & (table.generated[slots] > 0)]  # decoding: their pace is set
+    if run.size == 0:
+        return ceiling
+    kind = table.slo_type[run]
+    left = np.maximum(table.len_ub[run] - table.generated[run], 1)
+    pace = np.where(kind == LATENCY, table.tbt[run], (table.deadline_abs[run] - now) / left)
+    pace = np.where(kind == BEST_EFFORT, np.inf, pace)
+    decode_step = speed.decode_step_s()
+    rate = float(speed.prefill_tokens_per_s)
+    keepable = pace[pace > _KEEPABLE * decode_step]
+    if keepable.size == 0 or not np.isfinite(keepable.min()):
+        return ceiling
+    # whole tokens (the nanosecond spares a pace that is exactly a whole number of tokens from rounding)
+    prompt = math.floor((float(keepable.min()) - decode_step) * rate + 1e-9)
+    prompt = max(prompt, MIN_PROMPT_TOKENS)
+    return int(min(run.size + prompt, ceiling))

@@ -1,0 +1,86 @@
+"""A step no longer than the tightest running pace (docs/decisions/core.md): `paced_token_budget` and the
+policy hook the simulated engine and the vLLM adapter call every step."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import deadline_request
+
+from jitserve.scheduler.budget import MIN_PROMPT_TOKENS, paced_token_budget
+from jitserve.scheduler.gmax import EngineSpeed, GMAXParams
+from jitserve.scheduler.policy import GMAXPolicy, paper_policy
+from jitserve.scheduler.requests import NewRequest, RequestTable
+from jitserve.scheduler.slo import SLO
+
+# decode-only step 20 ms; 10,000 prompt tokens per second: 10 prompt tokens per extra millisecond
+SPEED = EngineSpeed(step_time=0.03, prefill_tokens_per_s=10_000.0, decode_step_time=0.02)
+CEILING = 2048
+
+
+def _decoding(table: RequestTable, req: NewRequest, generated: int = 1) -> None:
+    table.add(req)
+    table.set_running(req.request_id, True)
+    table.progress(req.request_id, generated=generated, computed=req.input_len + generated)
+
+
+def test_no_decoding_request_leaves_the_configured_budget():
+    table = RequestTable()
+    assert paced_token_budget(table, 0.0, SPEED, CEILING) == CEILING
+    table.add(deadline_request("waiting", deadline=5.0, ub=400))  # not running: it sets no pace
+    assert paced_token_budget(table, 0.0, SPEED, CEILING) == CEILING
+
+
+def test_a_deadline_request_holds_the_step_to_its_pace():
+    """400 tokens left in 16 s: one every 40 ms. A decode-only step takes 20 ms, so the step may carry
+    20 ms of prompt work, 200 tokens, besides the one decode."""
+    table = RequestTable()
+    _decoding(table, deadline_request("d", deadline=16.0, ub=401))
+    assert paced_token_budget(table, 0.0, SPEED, CEILING) == 1 + 200
+    # later, with less time per token left, the step shrinks; the tightest of two requests decides
+    _decoding(table, deadline_request("loose", deadline=600.0, ub=100))
+    assert paced_token_budget(table, 4.0, SPEED, CEILING) == 2 + 100  # 12 s for 400 tokens: 30 ms
+
+
+def test_a_stream_holds_the_step_to_its_tbt():
+    table = RequestTable()
+    chat = NewRequest("c", SLO.latency(ttft=1.0, tbt=0.05), arrival=0.0, input_len=50, max_tokens=200)
+    _decoding(table, chat)
+    assert paced_token_budget(table, 0.0, SPEED, CEILING) == 1 + 300  # 50 ms: 30 ms of prompt work
+
+
+def test_paces_no_step_can_keep_and_best_effort_work_set_none():
+    """A request already needing a token faster than a decode-only step is late whatever the step carries:
+    holding prompts back for it would only delay everyone else. Best-effort work has no pace."""
+    table = RequestTable()
+    _decoding(table, deadline_request("doomed", deadline=1.0, ub=101))  # 10 ms per token
+    _decoding(table, NewRequest("be", SLO.best_effort(), arrival=0.0, input_len=50, max_tokens=10))
+    assert paced_token_budget(table, 0.0, SPEED, CEILING) == CEILING
+
+
+def test_the_budget_stays_within_the_ceiling_and_above_the_floor():
+    table = RequestTable()
+    _decoding(table, deadline_request("slack", deadline=600.0, ub=101))  # 6 s per token
+    assert paced_token_budget(table, 0.0, SPEED, CEILING) == CEILING
+    tight = RequestTable()
+    _decoding(tight, deadline_request("t", deadline=2.3, ub=101))  # 23 ms per token: 30 tokens of prompt
+    assert paced_token_budget(tight, 0.0, SPEED, CEILING) == 1 + MIN_PROMPT_TOKENS
+
+
+def test_an_unmeasured_decode_step_is_taken_as_v_token():
+    """Before the engine has timed a step without prompt work, v_token (which includes prompt work) is
+    the decode step: the step is held tighter, never looser, than measured."""
+    table = RequestTable()
+    _decoding(table, deadline_request("d", deadline=16.0, ub=401))  # 40 ms per token
+    unmeasured = EngineSpeed(step_time=0.03, prefill_tokens_per_s=10_000.0)
+    assert paced_token_budget(table, 0.0, unmeasured, CEILING) == 1 + 100
+    stale = EngineSpeed(step_time=0.03, prefill_tokens_per_s=10_000.0, decode_step_time=0.035)
+    assert paced_token_budget(table, 0.0, stale, CEILING) == 1 + 100
+    with pytest.raises(ValueError, match="decode_step_time"):
+        EngineSpeed(decode_step_time=0.0)
+
+
+def test_just_in_time_gmax_paces_steps_and_algorithm_1_alone_does_not():
+    table = RequestTable()
+    _decoding(table, deadline_request("d", deadline=16.0, ub=401))
+    assert GMAXPolicy(params=GMAXParams(batch_size=4)).token_budget(table, 0.0, SPEED, CEILING) == 201
+    assert paper_policy(GMAXParams(batch_size=4)).token_budget(table, 0.0, SPEED, CEILING) == CEILING
