@@ -210,6 +210,8 @@ class FrameRunner:
         self.classes = ClassSource(settings.classes_file, settings.default_class)
         self.meter = SpeedMeter()
         self.step_token_budget: int | None = None  # the last step's, when the policy held it below ceiling
+        # looked up once: `token_budget` runs every engine step (None: the policy does not pace steps)
+        self._pace = getattr(policy, "token_budget", None)
         self.window = GoodputWindow(WINDOW_S)
         self.meta: dict[str, _Meta] = {}
         self.recent: deque[RequestDebug] = deque(maxlen=RECENT)
@@ -451,10 +453,9 @@ class FrameRunner:
         """Tokens the next step may schedule: the policy's pace-bound budget (`GMAXPolicy.token_budget`),
         at most `ceiling`, the engine's configured max_num_batched_tokens; `ceiling` for a policy that
         does not pace steps. Called once per step."""
-        pace = getattr(self.policy, "token_budget", None)
-        if pace is None:
+        if self._pace is None:
             return ceiling
-        budget = max(int(pace(self.table, self.clock(), self.meter.speed(), ceiling)), 1)
+        budget = max(int(self._pace(self.table, self.clock(), self.meter.speed(), ceiling)), 1)
         self.step_token_budget = budget if budget < ceiling else None
         return budget
 
