@@ -46,7 +46,7 @@ from jitserve.scheduler.frames import FULL, FrameDriver, PlanKind
 from jitserve.scheduler.gmax import FramePlan, GMAXParams, expired
 from jitserve.scheduler.goodput import RequestRecord
 from jitserve.scheduler.policy import Policy, make_policy
-from jitserve.scheduler.requests import SLO_TYPE_CODE, NewRequest, RequestTable
+from jitserve.scheduler.requests import LATENCY, SLO_TYPE_CODE, NewRequest, RequestTable
 from jitserve.scheduler.speed import SpeedMeter
 
 if TYPE_CHECKING:
@@ -331,6 +331,10 @@ class FrameRunner:
         m = self.meta.get(request_id)
         if m is not None and n > 0:
             m.token_times.extend([now] * n)
+
+    def is_stream(self, request_id: str) -> bool:
+        """Whether the request is a latency stream (its prompt is what its first token waits for)."""
+        return request_id in self.table and bool(self.table.slo_type[self.table.slot(request_id)] == LATENCY)
 
     def started(self, request_id: str) -> None:
         """The engine scheduled the request: waiting_time no longer applies to it."""

@@ -22,12 +22,14 @@ Requires `--scheduling-policy fcfs` (the default): the adapter orders the FCFS d
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
 from collections import defaultdict, deque
 from typing import Any
 
+import numpy as np
 import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
@@ -38,6 +40,7 @@ from jitserve.engine.runner import FrameRunner
 from jitserve.engine.settings import SchedulerSettings
 from jitserve.engine.state import StatePublisher
 from jitserve.engine.version import check_vllm_version
+from jitserve.scheduler.budget import prompt_chunk_cap, prompt_order
 from jitserve.scheduler.gmax import FramePlan
 from jitserve.scheduler.slo import SLO
 
@@ -78,6 +81,13 @@ class JITServeScheduler(AsyncScheduler):
         # with chunked prefill: without, vLLM never schedules a prompt longer than the budget.
         self._jit_ceiling = int(self.max_num_scheduled_tokens)
         self._jit_paces_steps = bool(self.scheduler_config.enable_chunked_prefill)
+        # the step's prompts in `prompt_order`, capped while streams wait (`prompt_chunk_cap`); a
+        # long_prefill_token_threshold the operator configured stays the most a chunk may take
+        self._jit_orders_prompts = self._jit_paces_steps and bool(
+            getattr(self.jit.policy, "orders_prompts", False)
+        )
+        self._jit_configured_chunk = int(self.scheduler_config.long_prefill_token_threshold or 0)
+        self._jit_rank: dict[str, int] = {}  # the last plan's order
         self._jit_last_publish = 0.0
         self._jit_publish(time.time(), force=True)  # the router sees an idle engine before any request
         log.info(
@@ -122,6 +132,8 @@ class JITServeScheduler(AsyncScheduler):
             # vLLM spends this budget on the running requests' next tokens, then on prompt chunks: held to
             # the tightest running pace, a step's prompt work cannot make those tokens late
             self.max_num_scheduled_tokens = self.jit.token_budget(self._jit_ceiling)
+        if self._jit_orders_prompts:
+            self._jit_compose_step()
         output = super().schedule(*args, **kwargs)
         for request in self.running:  # admitted now or before: waiting_time no longer applies
             self.jit.started(request.request_id)
@@ -150,14 +162,48 @@ class JITServeScheduler(AsyncScheduler):
         if plan.drop.size:
             self._jit_drop(ids(plan.drop), time.time())
         rank = {rid: i for i, rid in enumerate(ids(plan.order))}
+        self._jit_rank = rank
         last = len(rank)
         if isinstance(self.waiting, deque) and len(self.waiting) > 1:
             ordered = sorted(self.waiting, key=lambda r: rank.get(r.request_id, last))
             self.waiting.clear()
             self.waiting.extend(ordered)
-        if len(self.running) > 1:
+        if len(self.running) > 1 and not self._jit_orders_prompts:  # else every step orders it
             # vLLM's KV-pressure preemption takes running[-1]: make that the plan's least valuable.
             self.running.sort(key=lambda r: rank.get(r.request_id, last))
+
+    def _jit_compose_step(self) -> None:
+        """vLLM spends a step's budget down the running list, then on the waiting queue: put the decodes
+        first (in the plan's order, so running[-1], vLLM's victim under KV pressure, is the plan's least
+        valuable when no prompt runs), then the started prompts in `prompt_order`; and while streams wait
+        unstarted, cap every prompt's chunk by `prompt_chunk_cap` so started prompts leave them room."""
+        running = self.running
+        last = len(self._jit_rank)
+        rank = np.array([self._jit_rank.get(r.request_id, last) for r in running], dtype=np.float64)
+        prompting = np.array([r.is_prefill_chunk for r in running], dtype=bool)
+        if len(running) > 1:
+            decodes = np.flatnonzero(~prompting)
+            decodes = decodes[np.argsort(rank[decodes], kind="stable")]
+            prompts = np.flatnonzero(prompting)
+            streams = np.array([self.jit.is_stream(r.request_id) for r in running], dtype=bool)
+            prompts = prompts[prompt_order(np.ones(prompts.size, bool), streams[prompts], rank[prompts])]
+            self.running = [running[i] for i in np.concatenate([decodes, prompts])]
+        cap = None
+        free = self.max_num_running_reqs - len(running)
+        if prompting.any() and free > 0:
+            waiting = [
+                r.num_prompt_tokens - r.num_computed_tokens
+                for r in itertools.islice(self.waiting, free)  # the requests vLLM would admit now
+                if r.num_computed_tokens == 0 and self.jit.is_stream(r.request_id)
+            ]
+            decoding = len(running) - int(prompting.sum())
+            cap = prompt_chunk_cap(self.max_num_scheduled_tokens - decoding, np.array(waiting, np.int64))
+        configured = self._jit_configured_chunk
+        if cap is None:
+            cap = configured
+        elif configured:
+            cap = min(cap, configured)
+        self.scheduler_config.long_prefill_token_threshold = cap
 
     def _jit_drop_expired(self, now: float) -> None:
         if self.waiting:

@@ -46,3 +46,29 @@ def paced_token_budget(table: RequestTable, now: float, speed: EngineSpeed, ceil
     prompt = math.floor((float(keepable.min()) - decode_step) * rate + 1e-9)
     prompt = max(prompt, MIN_PROMPT_TOKENS)
     return int(min(run.size + prompt, ceiling))
+
+
+def prompt_order(started: np.ndarray, latency: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """The order in which prompts take what a step's budget leaves after the decodes (a permutation of
+    the arguments' rows): started prompts of latency streams by `rank` (the plan's order, lower first),
+    then other started prompts in the order given (vLLM's running list: admission order), then prompts
+    not started by `rank` (vLLM's waiting queue). A stream's prompt is what its first token waits for;
+    a deadline request's prompt has the rest of its deadline to finish in."""
+    started = np.asarray(started, dtype=bool)
+    latency = np.asarray(latency, dtype=bool)
+    rank = np.asarray(rank, dtype=np.float64)
+    by_rank = np.where(~started | latency, rank, 0.0)  # others started: a stable tie keeps their order
+    return np.lexsort((by_rank, started & ~latency, ~started))
+
+
+def prompt_chunk_cap(prompt_budget: int, waiting_stream_prompts: np.ndarray) -> int | None:
+    """The most prompt tokens one request may take in a step (vLLM's `long_prefill_token_threshold`)
+    while streams wait with prompts of `waiting_stream_prompts` tokens (one entry each, not started);
+    None for no cap. Prompts already started take the budget first, so a long one would keep every new
+    stream from its first token; capped, it leaves the streams their prompts, keeping MIN_PROMPT_TOKENS.
+    The cap binds the streams' own chunks too (vLLM has one threshold), so streams wanting more than the
+    budget leaves them advance by the floor, as does everyone, until they have started."""
+    waiting = np.asarray(waiting_stream_prompts, dtype=np.int64)
+    if waiting.size == 0:
+        return None
+    return int(max(prompt_budget - int(waiting.sum()), MIN_PROMPT_TOKENS))

@@ -73,6 +73,13 @@ class GMAXPolicy:
         so an urgent arrival takes a slot at once; Algorithm 1 preempts at frame boundaries only."""
         return self.params.ranking == "jit"
 
+    @property
+    def orders_prompts(self) -> bool:
+        """Whether the engine orders a step's prompts by `budget.prompt_order` (started streams' prompts
+        first) and caps them by `budget.prompt_chunk_cap` while streams wait: just-in-time GMAX only;
+        `jitserve-paper` keeps vLLM's own order."""
+        return self.params.ranking == "jit"
+
     def token_budget(self, table: RequestTable, now: float, speed: EngineSpeed, ceiling: int) -> int:
         """Tokens the engine's next step may schedule, at most its configured `ceiling`: just-in-time
         GMAX keeps the step within the tightest running pace (`scheduler.budget`); Algorithm 1 alone

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jitserve.scheduler.budget import prompt_chunk_cap, prompt_order
 from jitserve.scheduler.frames import LIGHT, FrameDriver
 from jitserve.scheduler.gmax import EngineSpeed, FramePlan
 from jitserve.scheduler.goodput import latency_met, latency_on_time_tokens
@@ -198,6 +199,8 @@ class Engine:
         params = getattr(self.policy, "params", None)
         policy_batch = getattr(params, "batch_size", None) or getattr(self.policy, "batch_size", None)
         self._policy_batch = min(int(policy_batch or self.config.batch_size), self.config.batch_size)
+        # the vLLM adapter's step composition for policies that order prompts (scheduler.budget)
+        self._orders_prompts = bool(getattr(self.policy, "orders_prompts", False))
         budget_fn = getattr(self.policy, "token_budget", None)
         self._budget_fn: Callable[[RequestTable, float, EngineSpeed, int], int] | None = (
             budget_fn if callable(budget_fn) else None
@@ -404,9 +407,13 @@ class Engine:
         pre = run[prefilling]
         if pre.size > 1:
             # started prefills keep their place (admission order: vLLM's running list); the rest take
-            # the budget in the policy's latest order (vLLM's waiting queue order)
+            # the budget in the policy's latest order (vLLM's waiting queue order). A policy that orders
+            # prompts puts started streams' prompts first, as the vLLM adapter orders the running list.
             unstarted = self.table.computed[pre] == 0
-            pre = pre[np.lexsort((np.where(unstarted, self._rank[pre], 0.0), unstarted))]
+            if self._orders_prompts:
+                pre = pre[prompt_order(~unstarted, self.table.slo_type[pre] == LATENCY, self._rank[pre])]
+            else:
+                pre = pre[np.lexsort((np.where(unstarted, self._rank[pre], 0.0), unstarted))]
         budget = cfg.token_budget
         if self._budget_fn is not None:
             budget = max(int(self._budget_fn(self.table, self.clock, self.speed(), budget)), 1)
@@ -420,6 +427,8 @@ class Engine:
         elif pre.size:
             left = max(budget - dec.size, 0)
             rem = (self._target[pre] - self.table.computed[pre]).astype(np.int64)
+            if self._orders_prompts and pre.size > 1:
+                rem = self._cap_prompts(pre, rem, left)
             give = np.minimum(rem, np.maximum(left - np.concatenate([[0], np.cumsum(rem)[:-1]]), 0))
             keep = give > 0
             pre, chunks, rem = pre[keep], give[keep], rem[keep]
@@ -558,6 +567,16 @@ class Engine:
         bs = self.config.block_size
         tokens = self.table.computed[slots] + 1
         return int(((tokens + bs - 1) // bs * bs).sum())
+
+    def _cap_prompts(self, pre: np.ndarray, rem: np.ndarray, prompt_budget: int) -> np.ndarray:
+        """Started prompts leave unstarted streams their prompts (`prompt_chunk_cap`, the adapter's
+        `long_prefill_token_threshold`): the cap binds every prompt, as vLLM's does."""
+        unstarted = self.table.computed[pre] == 0
+        streams = unstarted & (self.table.slo_type[pre] == LATENCY)
+        if not streams.any() or unstarted.all():
+            return rem
+        cap = prompt_chunk_cap(prompt_budget, rem[streams])
+        return rem if cap is None else np.minimum(rem, cap)
 
     def _kv_victim(self) -> int:
         last = self.driver.last_plan

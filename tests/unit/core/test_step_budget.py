@@ -3,10 +3,11 @@ policy hook the simulated engine and the vLLM adapter call every step."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from conftest import deadline_request
 
-from jitserve.scheduler.budget import MIN_PROMPT_TOKENS, paced_token_budget
+from jitserve.scheduler.budget import MIN_PROMPT_TOKENS, paced_token_budget, prompt_chunk_cap, prompt_order
 from jitserve.scheduler.gmax import EngineSpeed, GMAXParams
 from jitserve.scheduler.policy import GMAXPolicy, paper_policy
 from jitserve.scheduler.requests import NewRequest, RequestTable
@@ -84,3 +85,28 @@ def test_just_in_time_gmax_paces_steps_and_algorithm_1_alone_does_not():
     _decoding(table, deadline_request("d", deadline=16.0, ub=401))
     assert GMAXPolicy(params=GMAXParams(batch_size=4)).token_budget(table, 0.0, SPEED, CEILING) == 201
     assert paper_policy(GMAXParams(batch_size=4)).token_budget(table, 0.0, SPEED, CEILING) == CEILING
+    # so does the step's prompt order: the engine composes steps as vLLM does for the ablation
+    assert GMAXPolicy(GMAXParams(batch_size=4)).orders_prompts
+    assert not paper_policy(GMAXParams(batch_size=4)).orders_prompts
+
+
+def test_started_streams_prompts_go_first_then_started_prompts_in_place_then_the_queue_by_rank():
+    """Rows: a started best-effort prompt (rank 5), a started stream (rank 3), a started deadline prompt
+    (rank 1), a stream not started (rank 2), a deadline request not started (rank 0), a started stream
+    (rank 0). Started streams by rank; other started prompts keep their (admission) order whatever their
+    rank; then the waiting queue by rank, streams or not."""
+    started = [True, True, True, False, False, True]
+    stream = [False, True, False, True, False, True]
+    rank = [5, 3, 1, 2, 0, 0]
+    assert prompt_order(started, stream, rank).tolist() == [5, 1, 0, 2, 4, 3]
+    assert prompt_order([], [], []).tolist() == []
+
+
+def test_a_waiting_streams_prompt_caps_every_chunk():
+    """200 prompt tokens a step. No stream waits: no cap. A 40-token stream waits: a started prompt may
+    take 160 and leave it its whole prompt. Streams wanting more than the budget: every chunk takes the
+    floor until they have started (the cap binds them too, as vLLM's one threshold does)."""
+    assert prompt_chunk_cap(200, np.array([], np.int64)) is None
+    assert prompt_chunk_cap(200, np.array([40])) == 160
+    assert prompt_chunk_cap(200, np.array([40, 60])) == 100
+    assert prompt_chunk_cap(200, np.array([300])) == MIN_PROMPT_TOKENS

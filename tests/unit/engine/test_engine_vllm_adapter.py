@@ -30,6 +30,7 @@ from vllm_harness import make_request, make_scheduler, run_until_idle, scheduled
 from jitserve.engine.state import EngineState  # noqa: E402
 from jitserve.engine.version import UnsupportedVLLMVersionError, check_vllm_version  # noqa: E402
 from jitserve.engine.vllm_adapter import JITServeScheduler, drop_message  # noqa: E402
+from jitserve.scheduler.budget import MIN_PROMPT_TOKENS  # noqa: E402
 from jitserve.scheduler.gmax import EngineSpeed, FramePlan  # noqa: E402
 from jitserve.scheduler.requests import RequestTable  # noqa: E402
 from jitserve.scheduler.slo import SLO  # noqa: E402
@@ -41,6 +42,7 @@ CLASSES = {
     "quick-drop": {"type": "latency", "ttftSeconds": 300.0, "waitingTimeSeconds": 1.0},
     "patient-batch": {"type": "best-effort", "deadlineSeconds": 300.0, "waitingTimeSeconds": 1.0},
     "agent": {"type": "compound", "deadlineSeconds": 60.0, "waitingTimeSeconds": 2.0},
+    "chat": {"type": "latency", "ttftSeconds": 1.0, "tbtSeconds": 0.1, "waitingTimeSeconds": 30.0},
 }
 
 
@@ -328,6 +330,39 @@ def test_a_step_carries_no_more_prompt_than_the_running_pace_allows(
     assert 190 <= chunk <= 200 and budget == chunk + 1  # one decode for "d", the rest prompt
     assert reported == budget
     assert paced("edf") == (400, 512, None)
+
+
+def test_a_waiting_streams_prompt_is_not_held_behind_a_started_one(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM spends a step's budget down its running list before its waiting queue, so a started long
+    prompt would take a held step's whole prompt budget while a chat waits for its first token. The
+    adapter caps every chunk while a stream waits (`prompt_chunk_cap`, through vLLM's own
+    long_prefill_token_threshold), then puts started streams' prompts ahead of other prompts
+    (`prompt_order`). Budget as in the test above: one decode for "d" and 200 prompt tokens a step."""
+    s = sched(tiny_model_dir, monkeypatch, "jitserve", max_num_seqs=3)
+    m = s.jit.meter
+
+    def held_step() -> dict[str, int]:
+        m.step_time, m.decode_step_time, m.decode_samples, m.prefill_tokens_per_s = 0.03, 0.02, 1, 10_000.0
+        out, _ = step(s)
+        return dict(out.num_scheduled_tokens)
+
+    s.add_request(make_request("d", {"deadline": 16.0}, max_tokens=401))
+    step(s)
+    s.add_request(make_request("bulk", {"slo_class": "patient-batch"}, prompt_len=400, max_tokens=4))
+    first = held_step()
+    assert 190 <= first["bulk"] <= 200  # alone, the started prompt takes the prompt budget
+    s.add_request(make_request("chat", {"slo_class": "chat"}, prompt_len=300, max_tokens=4))
+    # the chat waits with more prompt than the budget: every chunk takes the floor, so the chat starts
+    waiting = held_step()
+    assert waiting["chat"] == waiting["bulk"] == MIN_PROMPT_TOKENS
+    assert s.scheduler_config.long_prefill_token_threshold == MIN_PROMPT_TOKENS
+    # both started: the stream's prompt goes first and takes the budget; no stream waits, no cap
+    both = held_step()
+    assert 180 <= both["chat"] <= 200 and both.get("bulk", 0) <= 200 - both["chat"]
+    assert s.scheduler_config.long_prefill_token_threshold == 0
+    s.shutdown()
 
 
 def test_refuses_vllms_priority_queue(

@@ -76,14 +76,15 @@ def make_request(
 
 
 def step(s: Any) -> tuple[Any, list[Any]]:
-    """One engine step: schedule, fake a token for every scheduled request, update. Returns
+    """One engine step: schedule, fake a token for every scheduled request but a prompt chunk that
+    leaves more of its prompt (no token is sampled for it, as in vLLM's model runner), update. Returns
     (scheduler output, all EngineCoreOutput objects of the step)."""
     out = s.schedule()
     ids = list(out.num_scheduled_tokens)
     mro = ModelRunnerOutput(
         req_ids=ids,
         req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=[[SAMPLED_TOKEN] for _ in ids],
+        sampled_token_ids=[[] if s.requests[r].is_prefill_chunk else [SAMPLED_TOKEN] for r in ids],
     )
     ecos = s.update_from_output(out, mro)
     return out, [o for eco in ecos.values() for o in eco.outputs]

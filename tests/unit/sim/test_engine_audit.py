@@ -252,3 +252,28 @@ def test_qlm_evicts_only_for_a_request_it_can_still_save() -> None:
             ]
         )
         assert policy.may_evict(table, victims, np.asarray([1]), 0.0, SPEED).size == expected
+
+
+class _PromptOrderingEDF(EDFPolicy):
+    """EDF with the step composition just-in-time GMAX asks of the engine (`orders_prompts`)."""
+
+    orders_prompts = True
+
+
+def test_a_started_prompt_leaves_a_waiting_stream_its_prompt(flat_timing: BatchTimeModel) -> None:
+    """The vLLM adapter's step composition (`scheduler.budget.prompt_order`, `prompt_chunk_cap`): a
+    2,000-token prompt has started and takes the 200-token budget step after step; a chat arrives with a
+    40-token prompt. Composed as vLLM's running list and waiting queue are, the chat waits for the
+    whole long prompt; with the adapter's composition the long prompt's chunks are capped while the
+    chat waits, so the chat's first token comes before the long prompt's."""
+    firsts = {}
+    for name, policy in (("vllm", EDFPolicy(batch_size=4)), ("composed", _PromptOrderingEDF(batch_size=4))):
+        e = _engine(flat_timing, policy, batch_size=4, token_budget=200, macro_cap=1)
+        _deadline(e, "long", input_len=2000, output_len=2, deadline=500.0)
+        e.step()
+        chat = NewRequest("chat", SLO.latency(ttft=1.0, tbt=0.1), e.clock, 40, max_tokens=8, true_len=2)
+        e.add(chat, CallInfo("chat", 2, payload="chat"), e.clock)
+        done = _run(e)
+        firsts[name] = {k: r.first_token for k, r in done.items()}
+    assert firsts["vllm"]["long"] < firsts["vllm"]["chat"]
+    assert firsts["composed"]["chat"] < firsts["composed"]["long"]
