@@ -10,8 +10,11 @@ overrides hooks only; vLLM's own `schedule()` still builds every batch. Around i
 - `schedule` (wrapper): every step drop waiting requests past their waiting_time; at frame boundaries
   (and lightly when the queue changed) sync the table, run the policy and carry out its `FramePlan`:
   preempt exactly `plan.preempt` (vLLM V1 preempts by recompute), reorder the waiting queue (and the
-  running list, which decides vLLM's own victim under KV pressure) by `plan.order`; then call vLLM's
-  `schedule()`, which admits from the head of the waiting queue into free slots;
+  running list, which decides vLLM's own victim under KV pressure) by `plan.order`; with just-in-time
+  GMAX, every step, hold the token budget to the running pace, put decodes and then started streams'
+  prompts first in the running list, and cap prompt chunks while a stream waits
+  (`scheduler.budget`); then call vLLM's `schedule()`, which admits from the head of the waiting queue
+  into free slots;
 - `update_from_output` (wrapper): measure step time and prefill rate, timestamp tokens, account
   goodput of finished requests, and emit the outputs of dropped requests so their clients get an
   answer: `finish_reason="abort"` and `stop_reason="jitserve: waiting_time 5s exceeded"`;
