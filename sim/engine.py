@@ -579,6 +579,16 @@ class Engine:
         return rem if cap is None else np.minimum(rem, cap)
 
     def _kv_victim(self) -> int:
+        """vLLM preempts the last of its running list. The adapter sorts that list by the plan's order, or,
+        for a policy that orders prompts, decodes first and the started prompts after them."""
+        if self._orders_prompts:
+            run = self._running
+            computed = self.table.computed[run]
+            prompts = run[(computed > 0) & (computed < self._target[run])]
+            if prompts.size:
+                streams = self.table.slo_type[prompts] == LATENCY
+                order = prompt_order(np.ones(prompts.size, bool), streams, self._rank[prompts])
+                return int(prompts[order[-1]])
         last = self.driver.last_plan
         order = last.order if last is not None else self._running
         running = set(self._running.tolist())

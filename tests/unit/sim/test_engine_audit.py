@@ -277,3 +277,26 @@ def test_a_started_prompt_leaves_a_waiting_stream_its_prompt(flat_timing: BatchT
         firsts[name] = {k: r.first_token for k, r in done.items()}
     assert firsts["vllm"]["long"] < firsts["vllm"]["chat"]
     assert firsts["composed"]["chat"] < firsts["composed"]["long"]
+
+
+def test_under_kv_pressure_the_adapters_last_running_request_is_the_victim(
+    flat_timing: BatchTimeModel,
+) -> None:
+    """vLLM preempts the last of its running list. The adapter sorts it by the plan's order (EDF: the
+    latest deadline, `dec`), or, for a policy that orders prompts, puts the started prompts last: then a
+    started prompt (`prompt`) is the victim even though its deadline is the earliest."""
+    victims = {}
+    for name, policy in (
+        ("plan order", EDFPolicy(batch_size=4)),
+        ("composed", _PromptOrderingEDF(batch_size=4)),
+    ):
+        e = _engine(flat_timing, policy, batch_size=4, token_budget=64, macro_cap=1)
+        _deadline(e, "dec", input_len=16, output_len=200, deadline=1000.0)
+        e.step()
+        e.step()
+        _deadline(e, "prompt", input_len=600, output_len=2, deadline=e.clock + 50.0, now=e.clock)
+        e.step()
+        e.step()
+        assert 0 < e.table.computed[e.table.slot("prompt")] < 600  # started, not done
+        victims[name] = e.table.ids(np.array([e._kv_victim()]))[0]
+    assert victims == {"plan order": "dec", "composed": "prompt"}
