@@ -188,8 +188,9 @@ class JITServeScheduler(AsyncScheduler):
             decodes = np.flatnonzero(~prompting)
             decodes = decodes[np.argsort(rank[decodes], kind="stable")]
             prompts = np.flatnonzero(prompting)
-            streams = np.array([self.jit.is_stream(r.request_id) for r in running], dtype=bool)
-            prompts = prompts[prompt_order(np.ones(prompts.size, bool), streams[prompts], rank[prompts])]
+            if prompts.size > 1:  # the class lookup only where an order among prompts is to be made
+                streams = np.array([self.jit.is_stream(running[i].request_id) for i in prompts], dtype=bool)
+                prompts = prompts[prompt_order(np.ones(prompts.size, bool), streams, rank[prompts])]
             self.running = [running[i] for i in np.concatenate([decodes, prompts])]
         cap = None
         free = self.max_num_running_reqs - len(running)
