@@ -21,6 +21,7 @@ rejects it at once.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from enum import StrEnum
@@ -281,6 +282,7 @@ def place(
 
     try:
         slots = np.full(blocks * n, table.add(request))
+        bound = int(table.len_ub[slots[0]])
         both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
         ahead, an_feasible = judged(both)
         needs_short_reply = shorter_than_bound = False
@@ -296,6 +298,20 @@ def place(
             both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
             ahead, an_feasible = judged(both)
             needs_short_reply = shorter_than_bound = True
+        program_deadline = float(table.program_deadline[slots[0]])
+        behind_share = False
+        if not an_feasible.any() and math.isfinite(program_deadline) and program_deadline > request.due():
+            # A compound stage late for its sub-deadline even with a one-token reply. Only the program's
+            # deadline is scored, and rejecting the stage loses the program's earlier stages too: if its
+            # whole bound (the oracle: its true length) still fits the program's deadline, it is admitted
+            # there like any on-time request (docs/decisions/core.md, "A stage late for its share is judged
+            # by its program").
+            table.len_ub[slots[0]] = bound
+            table.deadline_abs[slots[0]] = program_deadline
+            both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
+            ahead, an_feasible = judged(both)
+            behind_share = bool(an_feasible.any())
+            needs_short_reply = shorter_than_bound = not behind_share
     finally:
         if request.request_id in table:  # empty again for the next call, whatever happened
             table.remove(request.request_id)
@@ -331,7 +347,9 @@ def place(
     if eligible.any():
         score = np.where(eligible, rank, -np.inf)
         reason = "admitted by replica-specific priority"
-        if shorter_than_bound:
+        if behind_share:
+            reason = "admitted: late for its share of the program's deadline, on time for the program"
+        elif shorter_than_bound:
             reason = "admitted: on time only if the reply is shorter than its length bound"
         elif not (eligible & feasible_q).any():
             reason = (

@@ -350,7 +350,7 @@ class Engine:
         if plan.order.size:  # the budget's order for prefills not yet started (vLLM's waiting queue)
             self._rank[plan.order] = np.arange(plan.order.size, dtype=np.float64)
         for slot in plan.drop.tolist():
-            if self.table.running[slot]:
+            if self.table.started[slot]:
                 continue  # started requests are never dropped
             out.append(self._finish(slot, dropped=True))
             self.stats.drops += 1
@@ -385,8 +385,7 @@ class Engine:
         for slot in admitted:
             if self._preempted_at[slot] == self.clock:
                 self.stats.instant_readmissions += 1
-            self.table.running[slot] = True
-            self.table.started[slot] = True
+            self.table.running[slot] = True  # `started` when its first tokens are scheduled, as in vLLM
             self.table.frames_waited[slot] = 0
             if self._swapped[slot]:
                 self._stall(self._swap_seconds(slot))
@@ -486,6 +485,7 @@ class Engine:
         done_pre = pre[:0]
         if pre.size:
             self.table.computed[pre] += chunks * k
+            self.table.started[pre] = True
             self.stats.prefill_tokens += int(chunks.sum()) * k
             done_pre = pre[self.table.computed[pre] >= self._target[pre]]
             if done_pre.size:

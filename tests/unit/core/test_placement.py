@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from jitserve.scheduler.gmax import GMAXParams
 from jitserve.scheduler.placement import Rejection, ReplicaState, ShortReplyRule, place
 from jitserve.scheduler.requests import NewRequest
 from jitserve.scheduler.slo import SLO
@@ -168,6 +169,34 @@ def test_a_request_on_time_with_its_bound_ignores_busyness():
     p = place(tight(deadline=3.0), [replica("a", running=6)], now=0.0)
     assert p.replica == 0
     assert p.reason == "admitted by replica-specific priority"
+
+
+def stage(program_deadline: float, true_len: int = 40) -> NewRequest:
+    """A compound stage due 0.5 s after its release (its share of a 20 s program is 2.5%), 40 tokens."""
+    return NewRequest(
+        "p.1.0", SLO.compound(stages=4, per_stage=5.0), arrival=0.0, input_len=200, max_tokens=40,
+        len_ub=40, true_len=true_len, deadline_abs=0.5, program_deadline_abs=program_deadline,
+        program_goodput=300.0,
+    )  # fmt: skip
+
+
+def test_a_stage_late_for_its_share_is_judged_by_its_programs_deadline():
+    """Behind a 1 s queue, the stage's 40 true tokens (2.05 s) cannot fit its share of what is left of the
+    program (2.5% of 19 s) even for the oracle, which knows the reply is no shorter. Only the program's
+    deadline is scored and a rejection loses the program's earlier stages: on time for a 20 s program, it is
+    admitted wherever there is room; late even for a 2.5 s program, it is rejected."""
+    oracle = GMAXParams(oracle=True)
+    queued = replica("a", running=6, queue_delay_s=1.0)
+    p = place(stage(program_deadline=20.0), [queued], now=0.0, params=oracle)
+    assert p.replica == 0
+    assert p.reason == "admitted: late for its share of the program's deadline, on time for the program"
+    late = place(stage(program_deadline=2.5), [queued], now=0.0, params=oracle)
+    assert late.replica is None and late.rejection is Rejection.NO_TIME
+    # a 10-token reply (0.55 s) still misses the share but makes the 2.5 s program; a deadline request has
+    # no program to be judged by
+    assert place(stage(2.5, true_len=10), [queued], now=0.0, params=oracle).replica == 0
+    alone = NewRequest("d", SLO.deadline_slo(0.5), arrival=0.0, input_len=200, max_tokens=40, true_len=40)
+    assert place(alone, [queued], now=0.0, params=oracle).rejection is Rejection.NO_TIME
 
 
 def test_queueing_delay_makes_a_replica_infeasible():

@@ -300,3 +300,26 @@ def test_under_kv_pressure_the_adapters_last_running_request_is_the_victim(
         assert 0 < e.table.computed[e.table.slot("prompt")] < 600  # started, not done
         victims[name] = e.table.ids(np.array([e._kv_victim()]))[0]
     assert victims == {"plan order": "dec", "composed": "prompt"}
+
+
+def test_a_request_admitted_but_never_scheduled_is_dropped_at_its_deadline(
+    flat_timing: BatchTimeModel,
+) -> None:
+    """vLLM moves a request out of its waiting queue when a step first schedules its tokens, and only then
+    does the adapter mark it started (`EngineRunner.started`); until then waiting_time (deadline work: not
+    before its deadline) still drops it. A 6,000-token prompt that started first keeps the 200-token budget
+    for 30 steps (6.3 s here); a 40-token request sits in the batch behind it with nothing computed, and is
+    dropped when its 5 s waiting_time passes, not served late at 6.4 s: the simulated engine used to mark
+    it started when it entered the batch, spending a slot and its prefill on a request already lost."""
+    e = _engine(
+        flat_timing, EDFPolicy(batch_size=4, drop_expired=True), batch_size=4, token_budget=200, macro_cap=1
+    )
+    _deadline(e, "long", input_len=6000, output_len=2, deadline=500.0)
+    e.step()
+    _deadline(e, "short", input_len=40, output_len=2, deadline=1.0, now=e.clock)
+    while e.clock < 5.2:  # the policy (EDF, unframed) plans on events: one more arrival after 5 s
+        e.step()
+    _deadline(e, "later", input_len=40, output_len=2, deadline=500.0, now=e.clock)
+    done = _run(e)
+    assert done["short"].dropped and 5.0 < done["short"].finish < 6.0
+    assert not done["long"].dropped
