@@ -6,7 +6,8 @@ a fresh K-row `RequestTable` with one dummy copy of the request per sampled repl
 same replica, priorities (bit for bit), sampled set and reason on every input. (The busy-replica rule
 for short-reply requests, the waiting_time check below every bar, the ranking at the slowest
 reported step time and prefill rate, the start of reserved work, the half-bound step of the deployed
-short-reply rule and the prompts a replica still has to prefill were added to both later.)
+short-reply rule, the prompts a replica still has to prefill and a late stage judged by its program's
+deadline were added to both later.)
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ def _reference_place(
                 len_ub=request.len_ub,
                 true_len=request.true_len,
                 deadline_abs=request.deadline_abs,
+                program_deadline_abs=request.program_deadline_abs,
                 program_goodput=request.program_goodput,
                 tenant=request.tenant,
             )
         )
     slots = table.active_slots()
+    bound = table.len_ub[slots].copy()
     if cached_tokens is not None:
         cached = np.asarray([cached_tokens[j] for j in sampled], dtype=np.int64)
         table.computed[slots] = np.minimum(cached, request.input_len)
@@ -107,6 +110,15 @@ def _reference_place(
         table.len_ub[slots] = 1
         ahead, feasible_any, an_priority, feasible_behind = judge()
         short_reply = shorter_than_bound = True
+    behind_share = False
+    program_end = request.program_deadline_abs
+    if not feasible_any.any() and program_end is not None and program_end > request.due():
+        # a compound stage late for its share: judged by its program's deadline, with its whole bound
+        table.len_ub[slots] = bound
+        table.deadline_abs[slots] = program_end
+        ahead, feasible_any, an_priority, feasible_behind = judge()
+        behind_share = bool(feasible_any.any())
+        short_reply = shorter_than_bound = not behind_share
     # ranked at the slowest reported step time and prefill rate (feasibility above keeps each replica's own)
     slowest = EngineSpeed(
         step_time=np.full(len(states), float(np.max(speed.step_time))),  # type: ignore[arg-type]
@@ -130,7 +142,9 @@ def _reference_place(
     if eligible.any():
         score = np.where(eligible, rank, -np.inf)
         reason = "admitted by replica-specific priority"
-        if shorter_than_bound:
+        if behind_share:
+            reason = "admitted: late for its share of the program's deadline, on time for the program"
+        elif shorter_than_bound:
             reason = "admitted: on time only if the reply is shorter than its length bound"
         elif not (eligible & feasible_behind).any():
             reason = (
@@ -184,6 +198,9 @@ def _random_request(rng: np.random.Generator, i: int) -> NewRequest:
     slo = _random_slo(rng)
     max_tokens = int(rng.integers(1, 2048))
     arrival = float(rng.uniform(0, 5))
+    staged = slo.type.value == "compound" and rng.random() < 0.5
+    sub = arrival + float(rng.uniform(0.1, 20))
+    program_end = sub + float(rng.uniform(0, 60)) if staged and rng.random() < 0.7 else None
     return NewRequest(
         request_id=f"r{i}",
         slo=slo,
@@ -192,11 +209,10 @@ def _random_request(rng: np.random.Generator, i: int) -> NewRequest:
         max_tokens=max_tokens,
         len_ub=None if rng.random() < 0.3 else int(rng.integers(0, max_tokens + 50)),
         true_len=-1 if rng.random() < 0.5 else int(rng.integers(1, max_tokens + 1)),
-        deadline_abs=(arrival + float(rng.uniform(0.1, 20)))
-        if slo.type.value == "compound" and rng.random() < 0.5
-        else None,
+        deadline_abs=sub if staged else None,
         program_goodput=float(rng.choice([0.0, rng.uniform(0, 500)])),
         tenant=int(rng.integers(0, 3)),
+        program_deadline_abs=program_end,
     )
 
 
@@ -272,7 +288,7 @@ def test_the_random_cases_reach_every_branch() -> None:
             request, replicas, now, k=k, cached_tokens=cached, rng=np.random.default_rng(seed), params=params
         )
         reasons.add(got.reason.split(" (")[0])  # the branch, without the request's numbers
-    assert len(reasons) == 7, reasons
+    assert len(reasons) == 8, reasons
 
 
 def test_repeated_calls_do_not_leak_state() -> None:
