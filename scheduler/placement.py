@@ -311,7 +311,8 @@ def place(
             both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
             ahead, an_feasible = judged(both)
             behind_share = bool(an_feasible.any())
-            needs_short_reply = shorter_than_bound = not behind_share
+            if behind_share:  # on time with its whole bound: no shorter reply is needed
+                needs_short_reply = shorter_than_bound = False
     finally:
         if request.request_id in table:  # empty again for the next call, whatever happened
             table.remove(request.request_id)
