@@ -697,7 +697,6 @@ def report(
         + (f" ({args.overload}x saturation)" if args.rate is None else "")
         + f", SLO times x{plan.scale:.2f}"
     )
-    plot(args.out, names, scores, title)
     data = {
         "model": str(model),
         "mode": args.mode,
@@ -714,8 +713,10 @@ def report(
         "rejections_by_rule": rules,
         "ratio_total": t_ours.goodput / t_base.goodput if t_base.goodput else math.inf,
     }
+    # the numbers first: they are the run's result, the plot only draws them
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(data, indent=2))
+    plot(args.out, names, scores, title)
     print(f"plot: {args.out}   numbers: {args.out.with_suffix('.json')}")
 
 

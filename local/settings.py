@@ -158,6 +158,21 @@ class DemoSettings(_LocalSettings):
     log_dir: LogDir = Field(None, description="component logs (default <cache-dir>/logs/demo-<pid>)")
     port: Port | None = Field(None, description="router port (default: a free port)")
 
+    @field_validator("out")
+    @classmethod
+    def _out_is_a_plot(cls, value: Path) -> Path:
+        # checked before any engine starts: the plot is written last, after minutes of runs, and a
+        # suffix matplotlib cannot write (e.g. .json, where the numbers go) used to crash there
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if value.suffix.lower().lstrip(".") not in formats:
+            raise ValueError(
+                f"must name an image matplotlib writes (.{', .'.join(sorted(formats))}); the numbers go "
+                "next to it as .json"
+            )
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _engines_by_mode(cls, values: Any) -> Any:

@@ -40,6 +40,10 @@ def _clear(monkeypatch) -> None:  # type: ignore[no-untyped-def]
         ("demo", ["--overload", "0"], "--overload / JITSERVE_DEMO_OVERLOAD"),
         ("demo", ["--seed", "-1"], "--seed / JITSERVE_DEMO_SEED"),
         ("demo", ["--engines", "0"], "--engines / JITSERVE_DEMO_ENGINES"),
+        # the plot is written after minutes of runs: a path it cannot take is refused before they start
+        # (an invalid --port too, so that a tree without the rule exits here instead of starting engines)
+        ("demo", ["--out", "/tmp/demo-seed0.json", "--port", "70000"], "--out / JITSERVE_DEMO_OUT"),
+        ("demo", ["--out", "/tmp/demo", "--port", "70000"], "--out / JITSERVE_DEMO_OUT"),
         ("bench", ["--speed-trace", "-5"], "--speed-trace / JITSERVE_BENCH_SPEED_TRACE"),
         ("bench", ["--max-num-seqs", "0"], "--max-num-seqs / JITSERVE_BENCH_MAX_NUM_SEQS"),
     ],
@@ -97,6 +101,12 @@ def test_up_defaults_switches_and_repeatable_flags(monkeypatch, tmp_path: Path) 
     config = up.config_from_args(_args(up, ["--classes-file", str(classes), "--router-arg=--k=1"]), tmp_path)
     assert config.classes_file == classes and config.router_args == ["--k=1"]
     assert config.served_name == tmp_path.name and config.engines == 2
+
+
+def test_demo_out_takes_any_image_format_matplotlib_writes(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    _clear(monkeypatch)
+    for name in ("runs/demo.png", "runs/demo.SVG", "runs/demo.pdf"):
+        assert DemoSettings(out=Path(name)).out == Path(name)
 
 
 def test_demo_engines_default_by_mode(monkeypatch) -> None:  # type: ignore[no-untyped-def]
