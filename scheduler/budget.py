@@ -2,12 +2,14 @@
 
 Just-in-time bandwidth (§4.2) applied to the step itself. A chunked-prefill engine spends each step's
 token budget on the running requests' next tokens and then on prompt chunks; every prompt token makes
-the step, and so every running request's next token, later. A stream needs a token every TBT; a deadline
-request with `left` tokens to go and `t` seconds left needs one every t / left seconds. The step may
-take as long as the tightest of those paces and no longer, so its prompt work is what fits in the time
-between a decode-only step and that pace (docs/decisions/core.md, "A step no longer than the tightest
-pace"). A pace no step can keep (already shorter than a decode-only step) is left out: that request is
-late whatever the step carries, and holding prompts back for it would cost everyone waiting for one.
+the step, and so every running request's next token, later. A stream needs its next token by its due
+time on its timeline (arrival + TTFT + i x TBT), and no sooner than one TBT from now; a deadline request
+with `left` tokens to go and `t` seconds left needs one every t / left seconds. The step may take as long
+as the tightest of those paces and no longer, so its prompt work is what fits in the time between a
+decode-only step and that pace (docs/decisions/core.md, "A step no longer than the tightest pace" and
+"A stream's pace is its timeline"). A pace no step can keep (already shorter than a decode-only step) is
+left out: that request is late whatever the step carries, and holding prompts back for it would cost
+everyone waiting for one.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def paced_token_budget(table: RequestTable, now: float, speed: EngineSpeed, ceil
         return ceiling
     kind = table.slo_type[run]
     left = np.maximum(table.len_ub[run] - table.generated[run], 1)
-    pace = np.where(kind == LATENCY, table.tbt[run], (table.deadline_abs[run] - now) / left)
+    pace = np.where(kind == LATENCY, stream_pace(table, run, now), (table.deadline_abs[run] - now) / left)
     pace = np.where(kind == BEST_EFFORT, np.inf, pace)
     decode_step = speed.decode_step_s()
     rate = float(speed.prefill_tokens_per_s)
@@ -46,6 +48,17 @@ def paced_token_budget(table: RequestTable, now: float, speed: EngineSpeed, ceil
     prompt = math.floor((float(keepable.min()) - decode_step) * rate + 1e-9)
     prompt = max(prompt, MIN_PROMPT_TOKENS)
     return int(min(run.size + prompt, ceiling))
+
+
+def stream_pace(table: RequestTable, rows: np.ndarray, now: float) -> np.ndarray:
+    """How long the next step may take for each decoding stream at `rows`: until its next token's due
+    time on its timeline (arrival + TTFT + i x TBT, the SLO its tokens are scored by), and never less
+    than one TBT. A stream that decoded faster than its TBT, or got its first token early, is ahead of
+    its timeline and can wait for that lead; one behind it keeps the TBT (it catches up no slower than
+    before). inf without a TBT."""
+    tbt = table.tbt[rows]
+    due = table.arrival[rows] + table.ttft[rows] + table.generated[rows] * tbt
+    return np.maximum(tbt, due - now)
 
 
 def prompt_order(started: np.ndarray, latency: np.ndarray, rank: np.ndarray) -> np.ndarray:

@@ -42,11 +42,31 @@ def test_a_deadline_request_holds_the_step_to_its_pace():
     assert paced_token_budget(table, 4.0, SPEED, CEILING) == 2 + 100  # 12 s for 400 tokens: 30 ms
 
 
-def test_a_stream_holds_the_step_to_its_tbt():
+def test_a_stream_on_its_timeline_holds_the_step_to_its_tbt():
+    """TTFT 1 s, TBT 50 ms, one token out: the next is due at 1.05 s. At 1.0 s (the first token came on
+    the dot) the step may last one TBT: 30 ms of prompt work. Behind its timeline (1.2 s) it keeps the TBT
+    too, so it falls no further behind than before."""
     table = RequestTable()
     chat = NewRequest("c", SLO.latency(ttft=1.0, tbt=0.05), arrival=0.0, input_len=50, max_tokens=200)
     _decoding(table, chat)
-    assert paced_token_budget(table, 0.0, SPEED, CEILING) == 1 + 300  # 50 ms: 30 ms of prompt work
+    assert paced_token_budget(table, 1.0, SPEED, CEILING) == 1 + 300
+    assert paced_token_budget(table, 1.2, SPEED, CEILING) == 1 + 300
+
+
+def test_a_stream_ahead_of_its_timeline_may_wait_for_its_lead():
+    """Its tokens are scored on the timeline arrival + TTFT + i x TBT, so a stream whose first token came
+    early, or that decoded faster than its TBT, can wait until its next token is due: at 0.99 s the next
+    token (due 1.05 s) leaves 60 ms, 40 ms of prompt work. With a second token out by 1.0 s, the next is
+    due at 1.1 s. The tightest stream still decides."""
+    table = RequestTable()
+    chat = NewRequest("c", SLO.latency(ttft=1.0, tbt=0.05), arrival=0.0, input_len=50, max_tokens=200)
+    _decoding(table, chat)
+    assert paced_token_budget(table, 0.99, SPEED, CEILING) == 1 + 400
+    table.progress("c", generated=2, computed=52)
+    assert paced_token_budget(table, 1.0, SPEED, CEILING) == 1 + 800
+    on_time = NewRequest("o", SLO.latency(ttft=0.5, tbt=0.05), arrival=0.5, input_len=50, max_tokens=200)
+    _decoding(table, on_time)  # first token due at 1.0 s, the next at 1.05 s: 50 ms from 1.0 s
+    assert paced_token_budget(table, 1.0, SPEED, CEILING) == 2 + 300
 
 
 def test_paces_no_step_can_keep_and_best_effort_work_set_none():
