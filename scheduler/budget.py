@@ -56,9 +56,7 @@ def stream_pace(table: RequestTable, rows: np.ndarray, now: float) -> np.ndarray
     than one TBT. A stream that decoded faster than its TBT, or got its first token early, is ahead of
     its timeline and can wait for that lead; one behind it keeps the TBT (it catches up no slower than
     before). inf without a TBT."""
-    tbt = table.tbt[rows]
-    due = table.arrival[rows] + table.ttft[rows] + table.generated[rows] * tbt
-    return np.maximum(tbt, due - now)
+    return np.maximum(table.tbt[rows], table.token_due(rows) - now)
 
 
 def prompt_order(started: np.ndarray, latency: np.ndarray, rank: np.ndarray) -> np.ndarray:

@@ -166,9 +166,7 @@ class FCFSPolicy(KeyedPolicy):
 def next_due(table: RequestTable, slots: np.ndarray) -> np.ndarray:
     """Each request's next due time: the next token's timeline point (latency) or the deadline."""
     is_latency = table.slo_type[slots] == LATENCY
-    tbt = np.where(np.isfinite(table.tbt[slots]), table.tbt[slots], 0.0)
-    token_due = table.arrival[slots] + table.ttft[slots] + table.generated[slots] * tbt
-    return np.where(is_latency, token_due, table.deadline_abs[slots])
+    return np.where(is_latency, table.token_due(slots), table.deadline_abs[slots])
 
 
 class EDFPolicy(KeyedPolicy):

@@ -216,6 +216,14 @@ class RequestTable:
         done = self.computed[slots] if computed is None else computed
         return np.maximum(self.input_len[slots] + self.generated[slots] - done, 0)
 
+    def token_due(self, slots: np.ndarray) -> np.ndarray:
+        """When each stream's next token is due on its timeline, arrival + TTFT + i x TBT for token i (the
+        SLO its tokens are scored by, `scheduler.goodput`); a stream without a TBT has only its first token
+        due. Meaningful for latency rows only."""
+        tbt = self.tbt[slots]
+        gap = np.where(np.isfinite(tbt), tbt, 0.0)
+        return self.arrival[slots] + self.ttft[slots] + self.generated[slots] * gap
+
     def mark_preempted(self, slot: int) -> None:
         """The policy's preemption of `slot` was carried out (a recompute engine yields a request once:
         docs/decisions/core.md, "One recompute per request"); the adapter also sets it not running."""
