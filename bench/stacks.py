@@ -86,6 +86,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
@@ -697,6 +698,16 @@ class Fleet:
         st = self.sets.get("jitserve")
         if st is not None:
             st.config.engine_flags = ["--frame-steps", str(frame_steps)]
+
+    def check_frames(self, frame_steps: int) -> None:
+        """Each JITServe engine plans the frame the run records (its /jitserve/state says so): a run whose
+        engines kept another frame would be recorded under the wrong one."""
+        st = self.sets.get("jitserve")
+        for url in st.engine_urls if st is not None else ():
+            with urllib.request.urlopen(f"{url}/jitserve/state", timeout=10) as r:
+                got = json.load(r).get("frame_steps")
+            if got != frame_steps:
+                raise self.up.StackError(f"{url} plans {got}-step frames, the run's shape says {frame_steps}")
 
     def check_alive(self) -> None:
         for c in self.components():
@@ -1662,6 +1673,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     loads = [float(x) for x in args.loads.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
     specs = [specs_all[k] for k in keys]
+    if all(s.engines == "jitserve" for s in specs) and (args.slo_scale is None or args.saturation is None):
+        # Calibration measures stock vLLM; GMAX's frame is shaped from it before the JITServe engines start.
+        print(
+            "error: --stacks d alone runs no stock engines to calibrate on: give --slo-scale and "
+            "--saturation (from an earlier run's JSON, `slo_scale` and `saturation.tokens_per_s`)",
+            file=sys.stderr,
+        )
+        return 2
     stop = threading.Event()
     model = up.resolve_model(args.model, args.cache_dir)
     log_dir = args.log_dir or Path("/tmp") / f"jitserve-stacks-{os.getpid()}"
@@ -1709,8 +1728,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.monotonic()
     with up.stop_on_signals(stop):
         try:
-            # The JITServe engines start after calibration: their frame is shaped like the jobs.
-            first = [p for p in fleet.sets if p != "jitserve"] or list(fleet.sets)
+            # The JITServe engines start after calibration: their frame is shaped like the jobs. (Started
+            # first when they ran alone, they kept the 50-step frame: 12-25 s on this machine, longer than
+            # every SLO, so every request looked urgent; docs/benchmarks/stacks.md, run 48.)
+            first = [p for p in fleet.sets if p != "jitserve"]
             for s in fleet.start(_say, first):  # first-request set-up (connections, warm-up) out of the runs
                 asyncio.run(_warm(fleet.urls[s.key], model.name))
             data |= calibrate(args, fleet, specs, model.name, mixes, loads, stop)
@@ -1719,6 +1740,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fleet.shape_frames(data["frame_steps"])
             for s in fleet.start(_say, [p for p in fleet.sets if p not in first]):
                 asyncio.run(_warm(fleet.urls[s.key], model.name))
+            fleet.check_frames(data["frame_steps"])
             plan = {
                 "shape": shape,
                 "duration": args.duration,

@@ -526,3 +526,14 @@ def test_a_rejection_is_counted_under_the_rule_our_router_names() -> None:
     assert stacks.score_run([out], mix, stacks.Shape(), cutoff_s=10.0)["latency"].rejected_by == {"other": 1}
     data["runs"][0]["classes"] = stacks.run_summary(stacks.score_run([], mix, stacks.Shape(), 10.0), 10.0)
     assert stacks.rejections_table(data) == ""
+
+
+@pytest.mark.parametrize("given", [[], ["--saturation", "57.6"], ["--slo-scale", "3.9"]])
+def test_the_jitserve_stack_alone_needs_the_calibration_given(given, capsys) -> None:
+    """Calibration measures stock engines, and GMAX's frame is shaped from it before the JITServe engines
+    start. Run alone, (d) used to start first and keep the 50-step frame (12-25 s here, longer than
+    every SLO: every request looked urgent). Without both numbers it now stops before any engine starts
+    (the missing model directory would fail later, so a tree without the check fails this test)."""
+    argv = ["--stacks", "d", "--model", "/nonexistent/model", *given]
+    assert stacks.main(argv) == 2
+    assert "give --slo-scale and" in capsys.readouterr().err
