@@ -1729,8 +1729,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with up.stop_on_signals(stop):
         try:
             # The JITServe engines start after calibration: their frame is shaped like the jobs. (Started
-            # first when they ran alone, they kept the 50-step frame: 12-25 s on this machine, longer than
-            # every SLO, so every request looked urgent; docs/benchmarks/stacks.md, run 48.)
+            # first when they ran alone, they kept the 50-step frame: 12-30 s on this machine, longer than
+            # every SLO, so every request looked urgent; docs/decisions/core.md, "(d) alone ran a 50-step
+            # frame".)
             first = [p for p in fleet.sets if p != "jitserve"]
             for s in fleet.start(_say, first):  # first-request set-up (connections, warm-up) out of the runs
                 asyncio.run(_warm(fleet.urls[s.key], model.name))

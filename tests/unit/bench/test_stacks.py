@@ -531,9 +531,43 @@ def test_a_rejection_is_counted_under_the_rule_our_router_names() -> None:
 @pytest.mark.parametrize("given", [[], ["--saturation", "57.6"], ["--slo-scale", "3.9"]])
 def test_the_jitserve_stack_alone_needs_the_calibration_given(given, capsys) -> None:
     """Calibration measures stock engines, and GMAX's frame is shaped from it before the JITServe engines
-    start. Run alone, (d) used to start first and keep the 50-step frame (12-25 s here, longer than
+    start. Run alone, (d) used to start first and keep the 50-step frame (12-30 s here, longer than
     every SLO: every request looked urgent). Without both numbers it now stops before any engine starts
     (the missing model directory would fail later, so a tree without the check fails this test)."""
     argv = ["--stacks", "d", "--model", "/nonexistent/model", *given]
     assert stacks.main(argv) == 2
     assert "give --slo-scale and" in capsys.readouterr().err
+
+
+def test_a_run_stops_when_an_engine_plans_another_frame_than_it_records() -> None:
+    """`Fleet.check_frames` reads each JITServe engine's `/jitserve/state` over HTTP (here a one-route
+    server with the engine's field; the fleet around it is a namespace holding only the set's URLs, since
+    a real Fleet starts engines)."""
+    import http.server
+    import threading
+    from types import SimpleNamespace
+
+    class State(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            body = json.dumps({"frame_steps": 50}).encode()
+            self.send_response(200 if self.path == "/jitserve/state" else 404)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), State)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        fleet = SimpleNamespace(
+            sets={"jitserve": SimpleNamespace(engine_urls=[url])}, up=SimpleNamespace(StackError=RuntimeError)
+        )
+        stacks.Fleet.check_frames(fleet, 50)  # the frame it records: nothing to say
+        with pytest.raises(RuntimeError, match="plans 50-step frames, the run's shape says 13"):
+            stacks.Fleet.check_frames(fleet, 13)
+        stacks.Fleet.check_frames(SimpleNamespace(sets={}, up=fleet.up), 13)  # no JITServe set: no check
+    finally:
+        server.shutdown()
