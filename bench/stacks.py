@@ -86,7 +86,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
@@ -702,10 +701,15 @@ class Fleet:
     def check_frames(self, frame_steps: int) -> None:
         """Each JITServe engine plans the frame the run records (its /jitserve/state says so): a run whose
         engines kept another frame would be recorded under the wrong one."""
+        import httpx
+
+        from jitserve.engine.state import EngineState
+
         st = self.sets.get("jitserve")
         for url in st.engine_urls if st is not None else ():
-            with urllib.request.urlopen(f"{url}/jitserve/state", timeout=10) as r:
-                got = json.load(r).get("frame_steps")
+            r = httpx.get(f"{url}/jitserve/state", timeout=10.0)
+            r.raise_for_status()
+            got = EngineState.model_validate_json(r.content).frame_steps
             if got != frame_steps:
                 raise self.up.StackError(f"{url} plans {got}-step frames, the run's shape says {frame_steps}")
 

@@ -743,7 +743,7 @@ def _first_tokens_first(
     if not head.any():
         return urgent_pos
     members = urgent_pos[head]
-    due = table.arrival[slots[members]] + table.ttft[slots[members]]
+    due = table.token_due(slots[members])  # no token yet: arrival + TTFT
     return np.concatenate([members[np.argsort(due, kind="stable")], urgent_pos[~head]])
 
 

@@ -5,7 +5,8 @@ The client tests run against a paced stub server (`_paced_chat_server`) instead 
 they check is which call is mid-stream at the cutoff and how many tokens land in a window, which a
 real engine's speed on a shared two-core machine would make a matter of luck. The real stacks run in
 the benchmark itself. The one use of monkeypatch moves the working directory into tmp_path, so the
-relative default --out cannot touch the repository's record; nothing is mocked there."""
+relative default --out cannot touch the repository's record; nothing is mocked there. The frame check's
+test stands a namespace in for the Fleet (a real one starts engines) and serves a real `EngineState`."""
 
 from __future__ import annotations
 
@@ -541,15 +542,23 @@ def test_the_jitserve_stack_alone_needs_the_calibration_given(given, capsys) -> 
 
 def test_a_run_stops_when_an_engine_plans_another_frame_than_it_records() -> None:
     """`Fleet.check_frames` reads each JITServe engine's `/jitserve/state` over HTTP (here a one-route
-    server with the engine's field; the fleet around it is a namespace holding only the set's URLs, since
-    a real Fleet starts engines)."""
+    server answering with a state built from the engine's own contract, `EngineState`; the fleet around it
+    is a namespace holding only the set's URLs, since a real Fleet starts engines)."""
     import http.server
     import threading
     from types import SimpleNamespace
 
+    from jitserve.engine.state import EngineState
+
+    state = EngineState(
+        pod="engine-0", model="m", step_time_s=0.2, prefill_tokens_per_s=400.0, batch_size=8, running=0,
+        waiting=0, committed_bandwidth=0.0, residual_capacity=8.0, admission_priority=0.0, queue_delay_s=0.0,
+        kv_usage=0.0, cutoff=0.8, frames=1, updated_at=0.0, policy="jitserve", frame_steps=50,
+    )  # fmt: skip
+
     class State(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            body = json.dumps({"frame_steps": 50}).encode()
+            body = state.model_dump_json().encode()
             self.send_response(200 if self.path == "/jitserve/state" else 404)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
