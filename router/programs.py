@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jitserve.scheduler.analyzer.patterns import PatternGraph, PatternNode, PatternStore, guard_late_stage
-from jitserve.scheduler.goodput import Goodput, RequestRecord, program_goodput
+from jitserve.scheduler.goodput import Goodput, RequestRecord, program_goodput, stage_stake
 from jitserve.scheduler.slo import SLO
 
 MAX_CALLS_KEPT = 64
@@ -38,7 +38,9 @@ class StageDeadline:
     stage: int
     deadline_abs: float  # D_s, absolute (router clock)
     program_deadline_abs: float
-    program_goodput: float  # weighted tokens of earlier finished calls (rides on this stage)
+    # program goodput riding on this stage besides its own tokens: earlier calls' and the later stages'
+    # expected (`stage_stake`)
+    program_goodput: float
     source: str  # "match" (pattern graph), "fallback" (uniform split) or "remaining" (no store)
 
 
@@ -159,7 +161,8 @@ class ProgramTracker:
         if prog.stages_hint is not None:
             n_left = max(prog.stages_hint - s, 1)
         deadline = guard_late_stage(deadline, prog.deadline_abs, now, n_left)
-        return StageDeadline(s, deadline, prog.deadline_abs, prog.goodput_so_far, source)
+        stake = stage_stake(prog.goodput_so_far, s, n_left, slo.weights.input * input_len)
+        return StageDeadline(s, deadline, prog.deadline_abs, stake, source)
 
     def end_call(
         self, program_id: str, record: RequestRecord, model: str = "", started: float | None = None

@@ -64,8 +64,9 @@ class GMAXParams:
     cutoff: float = 0.95  # p in (0, 1]
     starvation_delta: float = 8.0  # goodput tokens added per frame spent waiting (delta)
     frame_steps: int = 50  # Delta: decode steps per scheduling frame
-    # f of the SLO-type attainment term in the just-in-time reservation (scheduler/fairness.py)
-    class_fairness: float = 0.5
+    # f of the SLO-type attainment term in the just-in-time reservation (scheduler/fairness.py); 0: the
+    # reservation ranks by goodput saved per slot-second alone (docs/decisions/core.md, "f = 0")
+    class_fairness: float = 0.0
     preemption: str = "recompute"  # recompute | swap | auto (cheaper of the two) | never
     oracle: bool = False  # use true lengths instead of upper bounds (oracle JITServe)
     # jit: reserve what each request needs to stay on schedule, then fill by priority (plan_frame);
@@ -585,10 +586,10 @@ def _plan_jit(
 
     1. Reserve: a request whose service cannot wait one frame without losing goodput (its margin over
        the frame is > 0; a compound stage behind its sub-deadline: all of its goodput) gets a slot.
-       Streams still on time for their first token go first, earliest due first; then the rest, most
-       goodput saved per slot-second first; with `type_fair`, that density (scaled to the largest) is
-       mixed with its SLO type's Fair(r) as §4.2's fairness extension mixes priority:
-       (1 - f) x density + f x Fair(r), f = `params.class_fairness`.
+       Most goodput saved per slot-second first; with `type_fair` and f = `params.class_fairness` > 0,
+       that density (scaled to the largest) is mixed with its SLO type's Fair(r) as §4.2's fairness
+       extension mixes priority: (1 - f) x density + f x Fair(r). Among the first B of that order, the
+       streams still on time for their first token go first, earliest due first.
     2. Fill: requests with slack by Algorithm 1 (priority, cutoff, length window) in the slots left.
        Unstarted streams already past their first token's due time come after all of it.
     3. Best-effort work takes what no SLO needs; it joins step 2 only as its default deadline nears.
@@ -650,7 +651,10 @@ def _plan_jit(
         fair = type_fair[table.slo_type[slots[urgent_pos]]]
         density = (1 - f) * density / max(float(density.max()), _EPS) + f * fair
     urgent_pos = urgent_pos[np.argsort(-density, kind="stable")]
-    urgent_pos = _first_tokens_first(urgent_pos, first_on_time, table, slots)
+    # Only a batch's worth of the densest urgent work is reordered: a first token leads that, but one
+    # ranked below it waits as its density says (docs/decisions/core.md, "First tokens lead the batch").
+    head = _first_tokens_first(urgent_pos[:B], first_on_time, table, slots)
+    urgent_pos = np.concatenate([head, urgent_pos[B:]])
     slack_pos = slack.nonzero()[0]
     room = max(B - urgent_pos.size, 0)
     if room and slack_pos.size:
@@ -732,7 +736,7 @@ def _first_token_groups(
 def _first_tokens_first(
     urgent_pos: np.ndarray, first_on_time: np.ndarray, table: RequestTable, slots: np.ndarray
 ) -> np.ndarray:
-    """The reservation's order with the streams still on time for their first token moved to its head,
+    """The order `urgent_pos` with the streams still on time for their first token moved to its head,
     earliest due first (arrival + TTFT); the rest keep their order (density, mixed with Fair(r)).
 
     A first token is a one-off deadline: missed, the chat fails as its user sees it whatever follows,

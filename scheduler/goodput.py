@@ -92,6 +92,21 @@ def program_goodput(
     return Goodput(float(tokens), True)
 
 
+def stage_stake(done: float, stage: int, stages_left: int, first_stage: float) -> float:
+    """Program goodput riding on a compound stage, besides the stage's own tokens: what the program's
+    finished calls earned plus what its later stages are expected to add.
+
+    A program's goodput is all or nothing, so a stage that misses loses every stage's tokens, the
+    later ones included (§3). `done`: weighted tokens of the finished calls; `stage`: 0-based;
+    `stages_left`: stages still to run, this one included (the pattern graph's plan, or the client's
+    hint); `first_stage`: what a stage is expected to earn before any has finished (the caller's
+    weighted prompt tokens of this stage). Later stages are expected to earn what the finished ones
+    did on average (docs/decisions/core.md, "A stage carries its program's stake").
+    """
+    per_stage = done / stage if stage > 0 else first_stage
+    return done + max(stages_left - 1, 0) * per_stage
+
+
 def max_goodput(slo: SLO, input_len: int, output_len: int) -> float:
     """Goodput the request would earn if served perfectly: the denominator of attainment."""
     if slo.type is SLOType.LATENCY:

@@ -45,7 +45,7 @@ class ShortReplyRule(StrEnum):
     ONE_TOKEN = "one-token"  # anywhere a one-token reply would be on time
     BOUND = "bound"  # nowhere: admission by the length bound alone
     # measured and not kept (docs/decisions/core.md, "The busy-replica rule, refined"):
-    LATER_STAGES = "later-stages"  # OCCUPANCY, but a stage carrying earlier calls' goodput goes anywhere
+    LATER_STAGES = "later-stages"  # OCCUPANCY, but a stage carrying program goodput goes anywhere
 
 
 class Rejection(StrEnum):

@@ -41,7 +41,7 @@ _COLUMNS: tuple[tuple[str, Any, Any], ...] = (
     ("true_len", np.int64, -1),  # oracle only: the real output length, -1 if unknown
     ("w_in", np.float64, 1.0),
     ("w_out", np.float64, 1.0),
-    ("program_goodput", np.float64, 0.0),  # compound: goodput of earlier calls riding on this one
+    ("program_goodput", np.float64, 0.0),  # compound: program goodput riding on it (`stage_stake`)
     ("running", np.bool_, False),
     ("started", np.bool_, False),  # scheduled at least once (waiting_time no longer applies)
     ("preempted", np.bool_, False),  # preempted by its policy before (`mark_preempted`)

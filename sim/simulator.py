@@ -21,7 +21,7 @@ from jitserve.scheduler.admission import decide
 from jitserve.scheduler.analyzer.patterns import guard_late_stage
 from jitserve.scheduler.contracts.replica_report import assemble_replica_state
 from jitserve.scheduler.gmax import GMAXParams
-from jitserve.scheduler.goodput import RequestRecord
+from jitserve.scheduler.goodput import RequestRecord, stage_stake
 from jitserve.scheduler.placement import ReplicaState, place
 from jitserve.scheduler.requests import SLO_TYPE_CODE, NewRequest
 from jitserve.scheduler.slo import SLOType
@@ -289,7 +289,13 @@ def simulate(
         deadline = cluster._subdeadline(prog, stage_idx, deadline_mode, cluster.v_token, cluster.prefill_rate)
         if prog.slo_type is SLOType.COMPOUND and prog.slo.deadline is not None:
             deadline = router_stage_guard(deadline, prog, stage_idx, now)
-        share = st.done_goodput / max(len(stage.calls), 1)
+        stake = st.done_goodput
+        if prog.slo_type is SLOType.COMPOUND:
+            # the router's `stage_stake` over the program's expected stage count, as its guard above
+            prompts = prog.slo.weights.input * sum(call.input_len for call in stage.calls)
+            left = math.ceil(prog.expected_stages) - stage_idx
+            stake = stage_stake(st.done_goodput, stage_idx, left, prompts)
+        share = stake / max(len(stage.calls), 1)
         for j, call in enumerate(stage.calls):
             feats = call_features(call, prog)
             ub = int(bounds.bounds(np.asarray([feats]), np.zeros(1, np.int64))[0])

@@ -13,7 +13,7 @@ reads them (`parse_xargs`).
 | `program_id`      | str           | compound program the call belongs to (informational on the engine)  |
 | `stages`          | int >= 1      | stages of the program (scales a per-stage compound class deadline)  |
 | `stage_deadline`  | seconds > 0   | this stage's sub-deadline D_s = phi(s) * D, relative to arrival     |
-| `program_goodput` | float >= 0    | goodput of earlier calls of the program riding on this one          |
+| `program_goodput` | float >= 0    | program goodput riding on this call: earlier calls' + later stages' |
 | `tenant`          | str           | tenant (API key owner); feeds GMAX's fairness term                  |
 | `length_bound`    | int >= 1      | the router analyzer's output-length upper bound (<= max_tokens)     |
 

@@ -370,19 +370,39 @@ def test_streams_on_time_for_their_first_token_are_reserved_in_due_order():
 
 
 def test_a_first_token_on_time_goes_ahead_of_denser_urgent_work():
-    """A chat waiting for its first token takes the one slot from a deadline request about to miss that
-    is worth five times as much per slot-second, with no fairness term: a missed first token fails the
-    chat whatever follows (docs/decisions/core.md, "First tokens first"). Algorithm 1 and a paused
-    stream (first token sent) leave the slot to the denser request."""
-    one_slot = GMAXParams(batch_size=1, class_fairness=0.0)
+    """Among the batch's worth of the densest reserved requests, a chat waiting for its first token goes
+    ahead of a deadline request about to miss that is worth five times as much per slot-second: a missed
+    first token fails the chat whatever follows (docs/decisions/core.md, "First tokens lead the batch").
+    Algorithm 1 and a paused stream (first token sent) leave the head to the denser request."""
+    two_slots = GMAXParams(batch_size=2)
     table = RequestTable()
     table.add(_chat("chat"))
     table.add(deadline_request("dense", deadline=2.0, input_len=1000, ub=20))
-    assert table.ids(plan_frame(table, 0.0, SPEED, one_slot).batch) == ["chat"]
-    assert table.ids(plan_frame(table, 0.0, SPEED, replace(one_slot, ranking="paper")).batch) == ["dense"]
+    assert table.ids(plan_frame(table, 0.0, SPEED, two_slots).order) == ["chat", "dense"]
+    assert table.ids(plan_frame(table, 0.0, SPEED, replace(two_slots, ranking="paper")).order)[0] == "dense"
     paused = RequestTable()
     _chat_and_denser_deadline(paused)
-    assert paused.ids(plan_frame(paused, 0.0, SPEED, one_slot).batch) == ["dense"]
+    assert paused.ids(plan_frame(paused, 0.0, SPEED, two_slots).order) == ["dense", "chat"]
+
+
+def test_a_first_token_below_the_batchs_worth_of_denser_work_waits():
+    """A first token leads only the B densest reserved requests. Ranked below them, the chat waits as its
+    density says: before, its first token took a slot from work worth many times more per slot-second,
+    and at paper 2x on real engines the chats' first tokens held the slots while 51-68 compound programs
+    per seed lost their first stage unstarted (docs/decisions/core.md, "First tokens lead the batch")."""
+    one_slot = GMAXParams(batch_size=1)
+    table = RequestTable()
+    table.add(_chat("chat"))
+    table.add(deadline_request("dense", deadline=2.0, input_len=1000, ub=20))
+    plan = plan_frame(table, 0.0, SPEED, one_slot)
+    assert table.ids(plan.batch) == ["dense"]
+    assert plan.reservation is not None and plan.reservation.waiting == 1  # the chat: reserved, waiting
+    two_slots = GMAXParams(batch_size=2)
+    crowded = RequestTable()
+    crowded.add(_chat("chat"))
+    crowded.add(deadline_request("dense", deadline=2.0, input_len=1000, ub=20))
+    crowded.add(deadline_request("denser", deadline=2.0, input_len=1200, ub=20))
+    assert sorted(crowded.ids(plan_frame(crowded, 0.0, SPEED, two_slots).batch)) == ["dense", "denser"]
 
 
 def test_an_unstarted_stream_past_its_first_token_waits_behind_work_with_slack():

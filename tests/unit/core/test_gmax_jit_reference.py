@@ -81,8 +81,8 @@ def _reference(table, now, speed, params, tenant_fair=None):
     staged = np.isfinite(program_deadline) & (program_deadline > sub_deadline)
     behind = staged & (sub_deadline - now < an.t_gen) & an.feasible
     margin = np.where(behind, np.maximum(margin, value_now), margin)
-    # streams with no token yet: on time for the first, they lead the reservation in due order; unstarted
-    # and already late for it, they come after all feasible SLO work (docs/decisions/core.md)
+    # streams with no token yet: on time for the first, they lead the B densest reserved requests in due
+    # order; unstarted and already late for it, they come after all feasible SLO work (docs/decisions/core.md)
     new_stream = (slo == LATENCY) & (table.generated[slots] == 0)
     missed_now = _first_token_due_missed(table, speed, slots, now)
     new_on_time = new_stream & ~missed_now
@@ -95,8 +95,9 @@ def _reference(table, now, speed, params, tenant_fair=None):
     urgent_pos = np.flatnonzero(urgent)
     urgent_pos = _by(margin / np.minimum(an.t_gen, horizon), urgent_pos)
     due = table.arrival[slots] + table.ttft[slots]
-    head = sorted((p for p in urgent_pos if new_on_time[p]), key=lambda p: due[p])
-    urgent_pos = np.array(head + [p for p in urgent_pos if not new_on_time[p]], dtype=np.int64)
+    densest, rest = list(urgent_pos[:B]), list(urgent_pos[B:])
+    head = sorted((p for p in densest if new_on_time[p]), key=lambda p: due[p])
+    urgent_pos = np.array(head + [p for p in densest if not new_on_time[p]] + rest, dtype=np.int64)
     slack_pos = np.flatnonzero(slack)
     room = max(B - urgent_pos.size, 0)
     group = slack_pos[:0]

@@ -10,6 +10,7 @@ from jitserve.scheduler.goodput import (
     program_goodput,
     request_goodput,
     soft_utility,
+    stage_stake,
 )
 from jitserve.scheduler.slo import SLO, GoodputWeights
 
@@ -64,6 +65,18 @@ def test_compound_program_all_or_nothing():
     assert program_goodput(calls, 0.0, 20.0, 15.0).tokens == 10 + 5 + 20 + 7
     assert program_goodput(calls, 0.0, 20.0, 20.5).tokens == 0
     assert program_goodput(calls, 0.0, 20.0, None).tokens == 0
+
+
+def test_a_stage_carries_its_whole_programs_stake():
+    """A compound stage that misses loses the program's every token, the later stages' included: its
+    stake is what the finished calls earned plus, per stage still to come, their average (before any
+    finished, the caller's estimate of a stage). The last stage carries the finished calls alone."""
+    assert stage_stake(done=0.0, stage=0, stages_left=4, first_stage=10.0) == 3 * 10.0
+    assert stage_stake(done=15.0, stage=1, stages_left=3, first_stage=99.0) == 15.0 + 2 * 15.0
+    assert stage_stake(done=60.0, stage=2, stages_left=2, first_stage=99.0) == 60.0 + 30.0
+    assert stage_stake(done=90.0, stage=3, stages_left=1, first_stage=99.0) == 90.0
+    # a stage past the plan's count (more stages than expected) still carries what was earned
+    assert stage_stake(done=90.0, stage=5, stages_left=-1, first_stage=99.0) == 90.0
 
 
 def test_max_goodput_and_soft_utility():

@@ -137,13 +137,16 @@ def test_admission_places_rejects_or_downgrades() -> None:
 def test_program_sub_deadlines_without_history_split_the_budget_and_never_lag() -> None:
     tracker = ProgramTracker(store=PatternStore())
     slo = SLO.compound(stages=4, per_stage=10)  # D = 40 s
-    p0 = tracker.begin_stage("p", "compound", slo, now=0.0, stages_hint=4, per_stage=None)
+    p0 = tracker.begin_stage("p", "compound", slo, now=0.0, stages_hint=4, per_stage=None, input_len=10)
     assert (p0.stage, p0.deadline_abs, p0.program_deadline_abs) == (0, 10.0, 40.0)
+    assert p0.program_goodput == 3 * 10  # nothing finished: each later stage is expected to earn a prompt
     tracker.end_call("p", RequestRecord(slo, 0.0, 10, [1.0] * 5, finish=1.0), "m", started=0.0)
     p1 = tracker.begin_stage("p", "compound", slo, now=25.0, stages_hint=4, per_stage=None)
     # uniform phi says 20 s, already past: the stage gets an even share of the 15 s left instead
     assert p1.stage == 1 and p1.deadline_abs == pytest.approx(25.0 + 15.0 / 3)
-    assert p1.program_goodput == 15  # 10 prompt + 5 output tokens of stage 0
+    # stage 0's 10 prompt + 5 output tokens ride on it, and the two stages after it are expected to earn
+    # as much each: a program that misses loses them all ("A stage carries its program's stake")
+    assert p1.program_goodput == 15 + 2 * 15
 
 
 def test_a_deadline_too_small_for_the_clock_still_plans_a_stage() -> None:
