@@ -651,10 +651,7 @@ def _plan_jit(
         fair = type_fair[table.slo_type[slots[urgent_pos]]]
         density = (1 - f) * density / max(float(density.max()), _EPS) + f * fair
     urgent_pos = urgent_pos[np.argsort(-density, kind="stable")]
-    # Only a batch's worth of the densest urgent work is reordered: a first token leads that, but one
-    # ranked below it waits as its density says (docs/decisions/core.md, "First tokens lead the batch").
-    head = _first_tokens_first(urgent_pos[:B], first_on_time, table, slots)
-    urgent_pos = np.concatenate([head, urgent_pos[B:]])
+    urgent_pos = _first_tokens_first(urgent_pos, first_on_time, table, slots, B)
     slack_pos = slack.nonzero()[0]
     room = max(B - urgent_pos.size, 0)
     if room and slack_pos.size:
@@ -734,16 +731,19 @@ def _first_token_groups(
 
 
 def _first_tokens_first(
-    urgent_pos: np.ndarray, first_on_time: np.ndarray, table: RequestTable, slots: np.ndarray
+    urgent_pos: np.ndarray, first_on_time: np.ndarray, table: RequestTable, slots: np.ndarray, batch: int
 ) -> np.ndarray:
-    """The order `urgent_pos` with the streams still on time for their first token moved to its head,
-    earliest due first (arrival + TTFT); the rest keep their order (density, mixed with Fair(r)).
+    """The order `urgent_pos` with the streams still on time for their first token among its first
+    `batch` moved to its head, earliest due first (arrival + TTFT); the rest keep their order (density,
+    mixed with Fair(r)). A first token ranked below a batch's worth of denser work waits as its density
+    says (docs/decisions/core.md, "First tokens lead the batch").
 
     A first token is a one-off deadline: missed, the chat fails as its user sees it whatever follows,
     while a deadline request's slack spans its whole deadline (docs/decisions/core.md, "First tokens
     first").
     """
-    head = first_on_time[urgent_pos]
+    head = first_on_time[urgent_pos]  # a copy: fancy indexing
+    head[batch:] = False
     if not head.any():
         return urgent_pos
     members = urgent_pos[head]
