@@ -289,14 +289,17 @@ def simulate(
         deadline = cluster._subdeadline(prog, stage_idx, deadline_mode, cluster.v_token, cluster.prefill_rate)
         if prog.slo_type is SLOType.COMPOUND and prog.slo.deadline is not None:
             deadline = router_stage_guard(deadline, prog, stage_idx, now)
-        stake = st.done_goodput
-        if prog.slo_type is SLOType.COMPOUND:
-            # the router's `stage_stake` over the program's expected stage count, as its guard above
-            prompts = prog.slo.weights.input * sum(call.input_len for call in stage.calls)
-            left = math.ceil(prog.expected_stages) - stage_idx
-            stake = stage_stake(st.done_goodput, stage_idx, left, prompts)
-        share = stake / max(len(stage.calls), 1)
+        compound = prog.slo_type is SLOType.COMPOUND
+        left = math.ceil(prog.expected_stages) - stage_idx  # the router's count, as its guard above
         for j, call in enumerate(stage.calls):
+            # As the router prices a call (`ProgramTracker.begin_stage`): each call of a stage carries the
+            # program's whole stake, its own prompt standing for a stage's tokens, since losing any one of
+            # them loses the program. Other types carry what the program earned, split over its calls.
+            stake = (
+                stage_stake(st.done_goodput, stage_idx, left, prog.slo.weights.input * call.input_len)
+                if compound
+                else st.done_goodput / len(stage.calls)
+            )
             feats = call_features(call, prog)
             ub = int(bounds.bounds(np.asarray([feats]), np.zeros(1, np.int64))[0])
             req = NewRequest(
@@ -311,7 +314,7 @@ def simulate(
                 program_deadline_abs=prog.arrival + float(prog.slo.deadline)
                 if prog.slo_type is SLOType.COMPOUND and prog.slo.deadline is not None
                 else None,
-                program_goodput=share,
+                program_goodput=stake,
             )
             first_by, abort_at = aborts(prog, stage_idx, call, now) if aborts else (math.inf, math.inf)
             # cancelled on arrival (a replayed 429) or rejected by admission: the engine never sees it

@@ -155,3 +155,50 @@ def test_overload_downgrade_serves_what_admission_would_reject(spec) -> None:  #
     # the downgraded requests do run: more output than the run that turned them away (in all: the run with
     # more work may take longer to drain, so not necessarily per second)
     assert downgrade.output_tokens > reject.output_tokens
+
+
+def test_a_compound_call_is_priced_as_the_router_prices_it(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The simulated router gives each call of a compound stage the program goodput the real router's
+    `ProgramTracker` gives it (`stage_stake` with the call's own prompt, undivided: losing any call of a
+    stage loses the program). Parallel calls with different prompts carry different stakes."""
+    from jitserve.router.programs import ProgramTracker
+    from jitserve.scheduler.goodput import RequestRecord
+    from jitserve.scheduler.slo import SLO
+    from jitserve.sim.engine import Engine
+    from jitserve.sim.workload import Call, Program, Stage
+
+    slo = SLO.compound(stages=2, per_stage=60.0)
+    prog = Program(
+        pid=0,
+        app=0,
+        slo=slo,
+        arrival=0.0,
+        stages=[Stage([Call(100, 20), Call(300, 30)]), Stage([Call(50, 10)])],
+        max_tokens=64,
+        expected_stages=2.0,
+    )
+    sent: dict[str, float] = {}
+    add = Engine.add
+
+    def record(self, req, info, now):  # type: ignore[no-untyped-def]
+        sent[req.request_id] = req.program_goodput
+        add(self, req, info, now)
+
+    monkeypatch.setattr(Engine, "add", record)
+    out = simulate([prog], "jitserve", load_profile("llama-3.1-8b-a100"), 1, ConditionalBounds(), 120.0)
+    assert out is not None and set(sent) == {"0.0.0", "0.0.1", "0.1.0"}  # every call reached an engine
+
+    # the real router, fed the same calls in the same order (the client says the program has 2 stages)
+    tracker = ProgramTracker(store=None)
+    first = [
+        tracker.begin_stage("p", "c", slo, 0.0, 2, None, input_len=c.input_len) for c in prog.stages[0].calls
+    ]
+    for c in prog.stages[0].calls:
+        tokens = [1.0 + i * 0.01 for i in range(c.output_len)]
+        tracker.end_call("p", RequestRecord(slo, 0.0, c.input_len, tokens, finish=tokens[-1]))
+    second = tracker.begin_stage("p", "c", slo, 3.0, 2, None, input_len=50)
+
+    assert sent["0.0.0"] == pytest.approx(first[0].program_goodput)
+    assert sent["0.0.1"] == pytest.approx(first[1].program_goodput)
+    assert sent["0.0.1"] == pytest.approx(3 * sent["0.0.0"]) and sent["0.0.0"] > 0  # own prompt, not a share
+    assert sent["0.1.0"] == pytest.approx(second.program_goodput) and second.program_goodput > 0
