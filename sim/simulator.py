@@ -294,11 +294,11 @@ def simulate(
         for j, call in enumerate(stage.calls):
             # As the router prices a call (`ProgramTracker.begin_stage`): each call of a stage carries the
             # program's whole stake, its own prompt standing for a stage's tokens, since losing any one of
-            # them loses the program. Other types carry what the program earned, split over its calls.
+            # them loses the program. A single call (latency, deadline) carries none, as in the router.
             stake = (
                 stage_stake(st.done_goodput, stage_idx, left, prog.slo.weights.input * call.input_len)
                 if compound
-                else st.done_goodput / len(stage.calls)
+                else 0.0
             )
             feats = call_features(call, prog)
             ub = int(bounds.bounds(np.asarray([feats]), np.zeros(1, np.int64))[0])
@@ -312,7 +312,7 @@ def simulate(
                 true_len=call.output_len,
                 deadline_abs=deadline if prog.slo_type is not SLOType.LATENCY else None,
                 program_deadline_abs=prog.arrival + float(prog.slo.deadline)
-                if prog.slo_type is SLOType.COMPOUND and prog.slo.deadline is not None
+                if compound and prog.slo.deadline is not None
                 else None,
                 program_goodput=stake,
             )
