@@ -99,10 +99,12 @@ class Relay:
         try:
             async with asyncio.timeout_at(first_deadline):
                 first = await anext(chunks)
-                if sse.ROLE_ONLY in first and not sse.has_finish(first) and sse.DONE not in first:
-                    # A chat stream opens with its role chunk, written with the first engine output in
-                    # the same iteration: read on, so a drop (role chunk, then [DONE]) is still an
-                    # HTTP error rather than an error event in a committed 200 stream.
+                if sse.role_only(first):
+                    # A chat stream opens with its role event, written with the first engine output in
+                    # the same iteration: when the read holds the role event alone, read on, so a drop
+                    # (role event, then [DONE]) is still an HTTP error rather than an error event in a
+                    # committed 200 stream. A read that already holds the first token is relayed as it
+                    # is: reading on would hold that token back until the engine's next step.
                     first += await anext(chunks)
         except (StopAsyncIteration, *RETRYABLE) as exc:
             upstream.close()

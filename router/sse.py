@@ -29,6 +29,12 @@ def ended_unfinished(chunk: bytes) -> bool:
     return DONE in chunk and not has_finish(chunk)
 
 
+def role_only(chunk: bytes) -> bool:
+    """Whether `chunk` is a chat stream's opening role event and nothing else. vLLM writes that event and
+    the first token's in the same iteration, so they usually arrive as one read; alone, more follows."""
+    return ROLE_ONLY in chunk and chunk.count(b"data: ") == 1
+
+
 def token_events(chunk: bytes) -> int:
     """SSE events in `chunk` that carry output (one per engine step), [DONE] not counted."""
     return chunk.count(b"data: ") - chunk.count(DONE)

@@ -83,7 +83,10 @@ class FakeEngine:
     # | drop_after_first (one token, then abort) | fail (500 before any token)
     # | hang_headers (completions never answer, not even headers; /health and the state still do)
     # | stuck_after_first (one token, then nothing: a stuck GPU; /health still answers)
+    # | held_after_first (chat: the role event and the first token in one write, as vLLM's first
+    #   iteration writes them, then the rest only once `release` is set)
     mode: str = "ok"
+    release: threading.Event = field(default_factory=threading.Event)
     frozen_updated_at: float | None = None  # report this updated_at (a scheduler that stopped stepping)
     received: list[dict[str, Any]] = field(default_factory=list)
     state_polls: int = 0
@@ -178,7 +181,13 @@ class FakeEngine:
             for i in range(n):
                 await asyncio.sleep(self.token_delay_s)
                 last = i == n - 1 and finish != "abort"
-                yield _event(rid, chat, " tok", finish if last else None, body.get("model"))
+                event = _event(rid, chat, " tok", finish if last else None, body.get("model"))
+                if self.mode == "held_after_first" and chat and i == 0:
+                    yield _role_event(rid, body.get("model")) + event
+                    while not self.release.is_set():  # the fake's own loop keeps serving meanwhile
+                        await asyncio.sleep(0.01)
+                    continue
+                yield event
                 if self.mode == "stuck_after_first":
                     await asyncio.sleep(3600)
             if finish == "abort":

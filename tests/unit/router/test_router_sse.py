@@ -48,3 +48,12 @@ def test_usage_objects_come_in_order() -> None:
     assert sse.usages(chunk) == [{"prompt_tokens": 3, "completion_tokens": 7}]
     assert sse.usages(event()) == []
     assert sse.usages(b'data: {"usage":{ broken\n\n') == []
+
+
+def test_only_a_read_holding_the_role_event_alone_is_role_only() -> None:
+    role = b"data: {" + sse.ROLE_ONLY.join([b'"choices":[{"index":0,', b',"finish_reason":null}]}\n\n'])
+    token = b'data: {"choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}\n\n'
+    assert sse.role_only(role)
+    assert not sse.role_only(role + token)  # vLLM's first iteration, read at once: relay it as it is
+    assert not sse.role_only(role + DONE)  # a drop before the first token
+    assert not sse.role_only(token)
