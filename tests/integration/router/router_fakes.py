@@ -184,8 +184,7 @@ class FakeEngine:
                 event = _event(rid, chat, " tok", finish if last else None, body.get("model"))
                 if self.mode == "held_after_first" and chat and i == 0:
                     yield _role_event(rid, body.get("model")) + event
-                    while not self.release.is_set():  # the fake's own loop keeps serving meanwhile
-                        await asyncio.sleep(0.01)
+                    await asyncio.to_thread(self.release.wait)  # the fake's loop keeps serving meanwhile
                     continue
                 yield event
                 if self.mode == "stuck_after_first":
