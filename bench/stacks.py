@@ -811,6 +811,49 @@ def engine_load(url: str) -> float:
     return sum(float(x) for x in found)
 
 
+# vLLM's own counters (every stack's engines are vLLM), read around a closed-loop window: where the
+# tokens went. The histogram's count is the engine's steps, its sum the tokens they carried.
+ENGINE_COUNTERS = {
+    "generation_tokens": "vllm:generation_tokens_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "cached_prompt_tokens": "vllm:prompt_tokens_cached_total",
+    "preemptions": "vllm:num_preemptions_total",
+    "steps": "vllm:iteration_tokens_total_count",
+    "step_tokens": "vllm:iteration_tokens_total_sum",
+}
+
+
+def engine_counters(url: str) -> dict[str, float]:
+    """`ENGINE_COUNTERS` of one engine (summed over label sets); {} if it does not answer."""
+    import httpx
+
+    try:
+        return parse_engine_counters(httpx.get(f"{url}/metrics", timeout=5.0).text)
+    except httpx.HTTPError:
+        return {}
+
+
+def parse_engine_counters(text: str) -> dict[str, float]:
+    """`ENGINE_COUNTERS` from a Prometheus text exposition, each summed over its label sets."""
+    out = {}
+    for key, name in ENGINE_COUNTERS.items():
+        found = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M)
+        out[key] = sum(float(x) for x in found)
+    return out
+
+
+def counters_delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Per engine, what each counter gained between two readings, plus the per-step means."""
+    out: dict[str, Any] = {}
+    for url, b in before.items():
+        a = after.get(url, {})
+        d = {k: round(a[k] - b[k], 1) for k in b if k in a}
+        if d.get("steps"):
+            d["tokens_per_step"] = round(d.get("step_tokens", 0.0) / d["steps"], 2)
+        out[url] = d
+    return out
+
+
 def prepare(urls: Sequence[str], timeout_s: float = 30.0) -> tuple[float, float]:
     """Between runs: abort what the engines still run or queue (vLLM's dev-mode POST /abort_requests;
     `vllm-router` does not abort an engine's request when its client goes away, so the stock engines
@@ -841,10 +884,12 @@ async def _closed_loop(
     warmup_s: float,
     window_s: float,
     request: Callable[[int, float], Request],
+    on_window: Callable[[], None] | None = None,
 ) -> tuple[float, int]:
     """(output tokens/s in the window, calls turned away in it): `concurrency` + a few clients each send
     the next call as soon as one ends (`request(i, sent)`: the i-th call, sent at `sent` s); a call turned
-    away (429, 503) is followed by 0.2 s of pause, not an immediate retry."""
+    away (429, 503) is followed by 0.2 s of pause, not an immediate retry. `on_window` is called (in a
+    thread) when the window opens and when it closes."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300.0)
@@ -868,7 +913,13 @@ async def _closed_loop(
 
     tasks = [asyncio.ensure_future(worker(k)) for k in range(concurrency + max(2, concurrency // 4))]
     try:
-        await asyncio.sleep(warmup_s + window_s)
+        if on_window is None:
+            await asyncio.sleep(warmup_s + window_s)
+        else:
+            await asyncio.sleep(warmup_s)
+            await asyncio.to_thread(on_window)
+            await asyncio.sleep(max(0.0, end - time.monotonic()))
+            await asyncio.to_thread(on_window)
     finally:
         for task in tasks:
             task.cancel()
@@ -903,11 +954,12 @@ async def measure_closed(
     concurrency: int,
     warmup_s: float,
     window_s: float,
+    on_window: Callable[[], None] | None = None,
 ) -> tuple[float, int]:
     """(output tokens/s, calls turned away) with every batch slot busy on the mix's own requests, each
     sent with its class's SLO fields (and, for (b), its EDF key): throughput at saturation as each
     stack schedules it. A compound program's stages go as single calls of the deadline class with the
-    program's deadline (the closed loop has no programs)."""
+    program's deadline (the closed loop has no programs). `on_window`: as `_closed_loop`'s."""
     calls = [(j.slo_class, c) for j in jobs for c in j.calls]
 
     def request(i: int, sent: float) -> Request:
@@ -919,7 +971,7 @@ async def measure_closed(
             body["priority"] = edf_priority(sent, slo)
         return call.prompt, call.max_tokens, body
 
-    return await _closed_loop(url, model, concurrency, warmup_s, window_s, request)
+    return await _closed_loop(url, model, concurrency, warmup_s, window_s, request, on_window)
 
 
 def throughput_table(data: dict[str, Any]) -> str:
@@ -945,7 +997,55 @@ def throughput_table(data: dict[str, Any]) -> str:
                 f"| {mix} | {st} | {_spread([r['tokens_per_s'] for r in got], '.1f')} "
                 f"| {_spread(ratios, '.3f')} | {_spread([r['turned_away'] for r in got], '.0f')} |"
             )
+    work = [(r, engine_work(r)) for r in rows]
+    if not any(w for _, w in work):
+        return "\n".join(lines)
+    lines += [
+        "\n**Where the steps went (vLLM's counters over the windows), median (min-max) over rounds.** "
+        "Output tokens/s is processed tokens/s (prompt and output) over (1 + prompt tokens per output "
+        "token), and the mix sets the second: a stack's capacity is what its engines process per second, "
+        f"with its ratio to {base} in the same round\n",
+        "| mix | stack | processed tokens/s | ratio | prompt per output token | tokens per step "
+        "| output tokens per step | preemptions per round |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for mix in dict.fromkeys(r["mix"] for r in rows):
+        ref = {
+            r["round"]: w["processed_per_s"] for r, w in work if w and r["mix"] == mix and r["stack"] == base
+        }
+        for st in stacks:
+            got = [w for r, w in work if w and r["mix"] == mix and r["stack"] == st]
+            ratios = [w["processed_per_s"] / ref[w["round"]] for w in got if ref.get(w["round"])]
+            cols = [_spread([w["processed_per_s"] for w in got], ".0f"), _spread(ratios, ".3f")] + [
+                _spread([w[k] for w in got], f)
+                for k, f in (
+                    ("prompt_per_output", ".2f"),
+                    ("per_step", ".1f"),
+                    ("output_per_step", ".2f"),
+                    ("preemptions", ".0f"),
+                )
+            ]
+            lines.append(f"| {mix} | {st} | " + " | ".join(cols) + " |")
     return "\n".join(lines)
+
+
+def engine_work(row: dict[str, Any]) -> dict[str, float] | None:
+    """A closed-loop round's engine counters summed over its engines: processed (scheduled) tokens/s,
+    prompt tokens per output token, tokens and output tokens per step, preemptions; None without them."""
+    engines = [d for d in row.get("engines", {}).values() if d.get("steps")]
+    if not engines or not row.get("window_s"):
+        return None
+    total = {k: sum(d.get(k, 0.0) for d in engines) for k in ("steps", "step_tokens", "generation_tokens")}
+    total |= {k: sum(d.get(k, 0.0) for d in engines) for k in ("prompt_tokens", "preemptions")}
+    out = max(total["generation_tokens"], 1.0)
+    return {
+        "round": row["round"],
+        "processed_per_s": total["step_tokens"] / row["window_s"],
+        "prompt_per_output": total["prompt_tokens"] / out,
+        "per_step": total["step_tokens"] / total["steps"],
+        "output_per_step": total["generation_tokens"] / total["steps"],
+        "preemptions": total["preemptions"],
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1764,7 +1864,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             data["throughput"].append({"round": rnd, **rec})
                             _say(
                                 f"round {rnd} {m} {spec.key:>4}: {rec['tokens_per_s']:.1f} output tokens/s "
-                                f"closed loop, {rec['turned_away']} turned away; load avg {rec['loadavg']}"
+                                f"closed loop, {rec['turned_away']} turned away; load avg {rec['loadavg']}; "
+                                + _engines_line(rec["engines"])
                             )
                     report(data, args.out, None)
                 cells = []  # the closed loop only
@@ -1813,8 +1914,12 @@ def _throughput_run(
     from jitserve.local import demo
 
     conc = args.engines * args.max_num_seqs
+    urls = fleet.engine_urls(spec)
+    readings: list[dict[str, dict[str, float]]] = []
+    read = lambda: readings.append({u: engine_counters(u) for u in urls})  # noqa: E731
+    window = args.throughput_window
     measure = lambda: measure_closed(  # noqa: E731
-        fleet.urls[spec.key], model, pool, MIXES[m], plan["shape"], spec, conc, 5.0, args.throughput_window
+        fleet.urls[spec.key], model, pool, MIXES[m], plan["shape"], spec, conc, 5.0, window, read
     )
     (tokens_per_s, turned_away), machine = _alone(
         fleet, spec, plan, lambda: asyncio.run(demo.until_stopped(measure(), stop))
@@ -1824,9 +1929,21 @@ def _throughput_run(
         "stack": spec.key,
         "tokens_per_s": round(tokens_per_s, 2),
         "turned_away": turned_away,
+        # each engine's vLLM counters over the window: the split between engines, prompt work, preemptions
+        "engines": counters_delta(*readings) if len(readings) == 2 else {},
+        "window_s": window,
         "set_cpu": machine["set_cpu"],
         "loadavg": machine["loadavg"],
     }
+
+
+def _engines_line(engines: dict[str, dict[str, float]]) -> str:
+    """Per engine in a closed-loop window: output / prompt tokens, preemptions, tokens per step."""
+    return "engines " + " | ".join(
+        f"out {d.get('generation_tokens', 0):.0f} prompt {d.get('prompt_tokens', 0):.0f} "
+        f"preempt {d.get('preemptions', 0):.0f} tok/step {d.get('tokens_per_step', 0):.1f}"
+        for d in engines.values()
+    )
 
 
 async def _warm(url: str, model: str) -> None:

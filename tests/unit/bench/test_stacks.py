@@ -14,6 +14,7 @@ import asyncio
 import json
 import time
 
+import prometheus_client
 import pytest
 
 from bench import stacks
@@ -241,15 +242,37 @@ def test_closed_loop_counts_the_tokens_in_its_window_and_sends_each_class_its_sl
         async with server:
             spec = stacks.StackSpec("x", "x", "vllm", "round_robin")
             url = f"http://127.0.0.1:{port}"
-            return await stacks.measure_closed(url, "m", jobs, mix, shape, spec, 2, 0.3, 1.0)
+            mark = lambda: edges.append(time.monotonic())  # noqa: E731
+            return await stacks.measure_closed(url, "m", jobs, mix, shape, spec, 2, 0.3, 1.0, mark)
 
+    edges: list[float] = []
     rate, turned_away = asyncio.run(main())
     # 4 clients, each at most 4 tokens per 0.2 s call: at most 80 tokens/s; at least one call's worth
     assert 4 <= rate <= 80 and turned_away == 0
+    # the window's edges, 1.0 s apart, after the 0.3 s warm-up
+    assert len(edges) == 2 and 0.9 <= edges[1] - edges[0] <= 1.5
     classes = {b["slo_class"] for b in bodies}
     assert classes == {"latency", "deadline"}
     assert all(("target_ttft" in b) == (b["slo_class"] == "latency") for b in bodies)
     assert all(b["deadline"] > 0 for b in bodies if b["slo_class"] == "deadline")
+
+
+def test_engine_counters_read_vllms_counters_and_histogram_summed_over_labels() -> None:
+    """The exposition prometheus-client writes for counters and a histogram named as vLLM names them
+    (vllm/v1/metrics/loggers.py); two label sets of one counter add up."""
+    reg = prometheus_client.CollectorRegistry()
+    gen = prometheus_client.Counter("vllm:generation_tokens", "", ["model_name", "engine"], registry=reg)
+    gen.labels("m", "0").inc(30)
+    gen.labels("m", "1").inc(12)
+    prometheus_client.Counter("vllm:num_preemptions", "", ["model_name"], registry=reg).labels("m").inc(2)
+    steps = prometheus_client.Histogram("vllm:iteration_tokens_total", "", buckets=(8, 64, 512), registry=reg)
+    for tokens in (8, 8, 200):
+        steps.observe(tokens)
+    got = stacks.parse_engine_counters(prometheus_client.generate_latest(reg).decode())
+    assert got["generation_tokens"] == 42 and got["preemptions"] == 2
+    assert got["steps"] == 3 and got["step_tokens"] == 216 and got["prompt_tokens"] == 0
+    delta = stacks.counters_delta({"u": {**got, "steps": 1, "step_tokens": 16}}, {"u": got})
+    assert delta["u"]["steps"] == 2 and delta["u"]["tokens_per_step"] == 100.0
 
 
 def test_throughput_table_takes_each_round_against_the_stock_stack_of_that_round() -> None:
@@ -263,6 +286,27 @@ def test_throughput_table_takes_each_round_against_the_stock_stack_of_that_round
     d_row = next(line for line in md.splitlines() if line.startswith("| paper | d |"))
     # per-round ratios 0.9 and 1.0 (median 0.95), not the ratio of the medians (70 / 75)
     assert "| 0.950 (0.900-1.000) |" in d_row and "70.0 (50.0-90.0)" in d_row
+
+
+def test_throughput_table_shows_each_stacks_processed_tokens_against_the_stock_stack() -> None:
+    """Engine counters summed over a round's engines: processed tokens/s (step tokens over the window)
+    and its per-round ratio to (a-rr), prompt per output token, tokens per step."""
+
+    def row(rnd: int, stack: str, steps: float, step_tokens: float, out: float) -> dict:
+        half = {"steps": steps / 2, "step_tokens": step_tokens / 2, "generation_tokens": out / 2,
+                "prompt_tokens": (step_tokens - out) / 2, "preemptions": 1.0}  # fmt: skip
+        return {"round": rnd, "mix": "paper", "stack": stack, "tokens_per_s": out / 10, "turned_away": 0,
+                "window_s": 10.0, "engines": {"e0": half, "e1": dict(half)}}  # fmt: skip
+
+    rows = [row(0, "a-rr", 100, 5000, 500), row(0, "d", 80, 4800, 480), row(1, "a-rr", 100, 4000, 400)]
+    rows.append(row(1, "d", 100, 4400, 440))
+    md = stacks.throughput_table({"throughput": rows})
+    steps_table = md[md.index("Where the steps went") :]
+    d_row = next(line for line in steps_table.splitlines() if line.startswith("| paper | d |"))
+    # 480 and 440 processed tokens/s; ratios 0.96 and 1.10; 9 prompt tokens per output; 60 and 44 per step
+    assert d_row.startswith("| paper | d | 460 (440-480) | 1.030 (0.960-1.100) | 9.00 | 52.0 (44.0-60.0) |")
+    assert d_row.endswith("| 2 |")  # one preemption on each engine
+    assert stacks.engine_work({"round": 0, "window_s": 10.0, "engines": {}}) is None
 
 
 def test_checks_pass_and_fail_per_cell() -> None:
