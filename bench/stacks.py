@@ -1035,8 +1035,8 @@ def engine_work(row: dict[str, Any]) -> dict[str, float] | None:
     engines = [d for d in row.get("engines", {}).values() if d.get("steps")]
     if not engines or not row.get("window_s"):
         return None
-    total = {k: sum(d.get(k, 0.0) for d in engines) for k in ("steps", "step_tokens", "generation_tokens")}
-    total |= {k: sum(d.get(k, 0.0) for d in engines) for k in ("prompt_tokens", "preemptions")}
+    keys = ("steps", "step_tokens", "generation_tokens", "prompt_tokens", "preemptions")
+    total = {k: sum(d.get(k, 0.0) for d in engines) for k in keys}
     out = max(total["generation_tokens"], 1.0)
     return {
         "round": row["round"],

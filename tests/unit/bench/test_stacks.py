@@ -249,8 +249,9 @@ def test_closed_loop_counts_the_tokens_in_its_window_and_sends_each_class_its_sl
     rate, turned_away = asyncio.run(main())
     # 4 clients, each at most 4 tokens per 0.2 s call: at most 80 tokens/s; at least one call's worth
     assert 4 <= rate <= 80 and turned_away == 0
-    # the window's edges, 1.0 s apart, after the 0.3 s warm-up
-    assert len(edges) == 2 and 0.9 <= edges[1] - edges[0] <= 1.5
+    # both edges of the window read, the second no earlier than the 1.0 s window after the first (a slow
+    # machine may only make it later)
+    assert len(edges) == 2 and edges[1] - edges[0] >= 0.9
     classes = {b["slo_class"] for b in bodies}
     assert classes == {"latency", "deadline"}
     assert all(("target_ttft" in b) == (b["slo_class"] == "latency") for b in bodies)
