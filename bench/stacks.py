@@ -801,42 +801,38 @@ def forwards_priority(url: str, model: str) -> str:
 
 def engine_load(url: str) -> float:
     """Requests running + waiting in one vLLM engine (its /metrics); -1 if it does not answer."""
-    import httpx
-
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=5.0).text
-    except httpx.HTTPError:
-        return -1.0
-    found = re.findall(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} ([0-9.e+]+)$", text, re.M)
-    return sum(float(x) for x in found)
+    found = engine_metrics(url, ENGINE_QUEUE)
+    return -1.0 if found is None else sum(found.values())
 
 
-# vLLM's own counters (every stack's engines are vLLM), read around a closed-loop window: where the
-# tokens went. The histogram's count is the engine's steps, its sum the tokens they carried.
+# vLLM's own metrics (every stack's engines are vLLM). The queue, read between runs; the counters, read
+# around a closed-loop window: where the tokens went (the histogram's count is the engine's steps, its
+# sum the tokens they carried).
+ENGINE_QUEUE = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"}
 ENGINE_COUNTERS = {
     "generation_tokens": "vllm:generation_tokens_total",
     "prompt_tokens": "vllm:prompt_tokens_total",
-    "cached_prompt_tokens": "vllm:prompt_tokens_cached_total",
     "preemptions": "vllm:num_preemptions_total",
     "steps": "vllm:iteration_tokens_total_count",
     "step_tokens": "vllm:iteration_tokens_total_sum",
 }
 
 
-def engine_counters(url: str) -> dict[str, float]:
-    """`ENGINE_COUNTERS` of one engine (summed over label sets); {} if it does not answer."""
+def engine_metrics(url: str, names: dict[str, str]) -> dict[str, float] | None:
+    """`names` (key -> metric) read from one engine's /metrics (`parse_metrics`); None if it does not
+    answer."""
     import httpx
 
     try:
-        return parse_engine_counters(httpx.get(f"{url}/metrics", timeout=5.0).text)
+        return parse_metrics(httpx.get(f"{url}/metrics", timeout=5.0).text, names)
     except httpx.HTTPError:
-        return {}
+        return None
 
 
-def parse_engine_counters(text: str) -> dict[str, float]:
-    """`ENGINE_COUNTERS` from a Prometheus text exposition, each summed over its label sets."""
+def parse_metrics(text: str, names: dict[str, str]) -> dict[str, float]:
+    """`names` (key -> metric) from a Prometheus text exposition, each summed over its label sets."""
     out = {}
-    for key, name in ENGINE_COUNTERS.items():
+    for key, name in names.items():
         found = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M)
         out[key] = sum(float(x) for x in found)
     return out
@@ -988,17 +984,16 @@ def throughput_table(data: dict[str, Any]) -> str:
         "| mix | stack | tokens/s | ratio | turned away per round |",
         "|---|---|---|---|---|",
     ]
-    for mix in dict.fromkeys(r["mix"] for r in rows):
-        ref = {r["round"]: r["tokens_per_s"] for r in rows if r["mix"] == mix and r["stack"] == base}
+    mixes = list(dict.fromkeys(r["mix"] for r in rows))
+    for mix in mixes:
         for st in stacks:
-            got = [r for r in rows if r["mix"] == mix and r["stack"] == st]
-            ratios = [r["tokens_per_s"] / ref[r["round"]] for r in got if ref.get(r["round"])]
+            got, ratios = _against_base(rows, "tokens_per_s", mix, st, base)
             lines.append(
                 f"| {mix} | {st} | {_spread([r['tokens_per_s'] for r in got], '.1f')} "
                 f"| {_spread(ratios, '.3f')} | {_spread([r['turned_away'] for r in got], '.0f')} |"
             )
-    work = [(r, engine_work(r)) for r in rows]
-    if not any(w for _, w in work):
+    work = [w for w in map(engine_work, rows) if w is not None]
+    if not work:
         return "\n".join(lines)
     lines += [
         "\n**Where the steps went (vLLM's counters over the windows), median (min-max) over rounds.** "
@@ -1009,13 +1004,9 @@ def throughput_table(data: dict[str, Any]) -> str:
         "| output tokens per step | preemptions per round |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for mix in dict.fromkeys(r["mix"] for r in rows):
-        ref = {
-            r["round"]: w["processed_per_s"] for r, w in work if w and r["mix"] == mix and r["stack"] == base
-        }
+    for mix in mixes:
         for st in stacks:
-            got = [w for r, w in work if w and r["mix"] == mix and r["stack"] == st]
-            ratios = [w["processed_per_s"] / ref[w["round"]] for w in got if ref.get(w["round"])]
+            got, ratios = _against_base(work, "processed_per_s", mix, st, base)
             cols = [_spread([w["processed_per_s"] for w in got], ".0f"), _spread(ratios, ".3f")] + [
                 _spread([w[k] for w in got], f)
                 for k, f in (
@@ -1029,7 +1020,16 @@ def throughput_table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def engine_work(row: dict[str, Any]) -> dict[str, float] | None:
+def _against_base(
+    recs: Sequence[dict[str, Any]], key: str, mix: str, stack: str, base: str
+) -> tuple[list[dict[str, Any]], list[float]]:
+    """One stack's closed-loop rounds of one mix, and each round's `key` over `base`'s in that round."""
+    ref = {r["round"]: r[key] for r in recs if (r["mix"], r["stack"]) == (mix, base)}
+    got = [r for r in recs if (r["mix"], r["stack"]) == (mix, stack)]
+    return got, [r[key] / ref[r["round"]] for r in got if ref.get(r["round"])]
+
+
+def engine_work(row: dict[str, Any]) -> dict[str, Any] | None:
     """A closed-loop round's engine counters summed over its engines: processed (scheduled) tokens/s,
     prompt tokens per output token, tokens and output tokens per step, preemptions; None without them."""
     engines = [d for d in row.get("engines", {}).values() if d.get("steps")]
@@ -1040,6 +1040,8 @@ def engine_work(row: dict[str, Any]) -> dict[str, float] | None:
     out = max(total["generation_tokens"], 1.0)
     return {
         "round": row["round"],
+        "mix": row["mix"],
+        "stack": row["stack"],
         "processed_per_s": total["step_tokens"] / row["window_s"],
         "prompt_per_output": total["prompt_tokens"] / out,
         "per_step": total["step_tokens"] / total["steps"],
@@ -1916,7 +1918,7 @@ def _throughput_run(
     conc = args.engines * args.max_num_seqs
     urls = fleet.engine_urls(spec)
     readings: list[dict[str, dict[str, float]]] = []
-    read = lambda: readings.append({u: engine_counters(u) for u in urls})  # noqa: E731
+    read = lambda: readings.append({u: engine_metrics(u, ENGINE_COUNTERS) or {} for u in urls})  # noqa: E731
     window = args.throughput_window
     measure = lambda: measure_closed(  # noqa: E731
         fleet.urls[spec.key], model, pool, MIXES[m], plan["shape"], spec, conc, 5.0, window, read

@@ -269,7 +269,7 @@ def test_engine_counters_read_vllms_counters_and_histogram_summed_over_labels() 
     steps = prometheus_client.Histogram("vllm:iteration_tokens_total", "", buckets=(8, 64, 512), registry=reg)
     for tokens in (8, 8, 200):
         steps.observe(tokens)
-    got = stacks.parse_engine_counters(prometheus_client.generate_latest(reg).decode())
+    got = stacks.parse_metrics(prometheus_client.generate_latest(reg).decode(), stacks.ENGINE_COUNTERS)
     assert got["generation_tokens"] == 42 and got["preemptions"] == 2
     assert got["steps"] == 3 and got["step_tokens"] == 216 and got["prompt_tokens"] == 0
     delta = stacks.counters_delta({"u": {**got, "steps": 1, "step_tokens": 16}}, {"u": got})
