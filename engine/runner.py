@@ -19,7 +19,6 @@ batch size (vLLM's max_num_seqs) and served model name.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -39,6 +38,7 @@ from jitserve.engine.state import (
     ClassTotalsModel,
     EngineState,
     RequestDebug,
+    append_jsonl,
 )
 from jitserve.scheduler.contracts.replica_report import assemble_replica_state
 from jitserve.scheduler.contracts.xargs import RequestSLO, parse_xargs
@@ -528,15 +528,19 @@ class FrameRunner:
             validate=False,
         )
 
-    def flush_history(self) -> None:
-        """Append finished requests to runtime_dir/history.jsonl (the analyzer's raw training rows)."""
-        if not self._history or self.runtime_dir is None:
-            self._history.clear()
-            return
+    def take_history(self) -> list[dict[str, Any]]:
+        """The finished requests' rows since the last call (the analyzer's raw training rows), for the
+        engine's `StatePublisher` to append to runtime_dir/history.jsonl off the step loop."""
         rows, self._history = self._history, []
+        return rows if self.runtime_dir is not None else []
+
+    def flush_history(self) -> None:
+        """Append the rows not yet taken to runtime_dir/history.jsonl here (at close)."""
+        rows = self.take_history()
+        if not rows:
+            return
         try:
-            with open(os.path.join(self.runtime_dir, HISTORY_FILE), "a", encoding="utf-8") as f:
-                f.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
+            append_jsonl(os.path.join(self.runtime_dir or ".", HISTORY_FILE), rows)
         except OSError as exc:
             log.warning("jitserve: cannot append history: %s", exc)
 

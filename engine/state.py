@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -29,6 +30,8 @@ from jitserve.scheduler.placement import ReplicaState
 STATE_FILE = "state.json"
 HISTORY_FILE = "history.jsonl"
 ANALYZER_FILE = "length_predictor.npz"
+
+log = logging.getLogger("jitserve.engine")
 
 
 class RequestDebug(BaseModel):
@@ -104,6 +107,12 @@ def write_atomic(path: str, text: str) -> None:
         raise
 
 
+def append_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
+    """Append `rows` to a JSON-lines file (one compact object per line)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
+
+
 def read_state(runtime_dir: str) -> EngineState | None:
     try:
         with open(os.path.join(runtime_dir, STATE_FILE), encoding="utf-8") as f:
@@ -113,23 +122,32 @@ def read_state(runtime_dir: str) -> EngineState | None:
 
 
 class StatePublisher:
-    """Writes the latest state off the scheduling thread: on `publish` and every `interval_s`."""
+    """Writes the latest state, and appends the finished requests' history rows, off the scheduling
+    thread: on `publish` and every `interval_s`. Both writes are file I/O the engine's step loop would
+    otherwise wait for between steps (docs/decisions/engine.md)."""
 
     def __init__(self, runtime_dir: str, interval_s: float = 1.0, stall_after_s: float = 15.0) -> None:
         os.makedirs(runtime_dir, exist_ok=True)
         self.path = os.path.join(runtime_dir, STATE_FILE)
+        self.history_path = os.path.join(runtime_dir, HISTORY_FILE)
         self.interval_s = interval_s
         self.stall_after_s = stall_after_s
         self._state: EngineState | None = None
         self._busy = False
         self._last_step = time.time()
+        self._history: list[dict[str, Any]] = []
+        self._history_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jitserve-state", daemon=True)
         self._thread.start()
 
-    def publish(self, state: EngineState, busy: bool) -> None:
-        """Called by the scheduler; a reference swap, so the writer thread never sees a torn state."""
+    def publish(self, state: EngineState, busy: bool, history: list[dict[str, Any]] | None = None) -> None:
+        """Called by the scheduler; a reference swap, so the writer thread never sees a torn state.
+        `history`: rows to append to history.jsonl, handed over (the caller keeps no reference)."""
+        if history:
+            with self._history_lock:
+                self._history.extend(history)
         self._state = state
         self._busy = busy
         self._last_step = time.time()
@@ -140,9 +158,12 @@ class StatePublisher:
         self._last_step = time.time()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while True:
             self._wake.wait(self.interval_s)
             self._wake.clear()
+            self._append_history()
+            if self._stop.is_set():
+                return  # closing: every row handed over is appended; the state is left to age
             state = self._state
             if state is None:
                 continue
@@ -153,10 +174,21 @@ class StatePublisher:
             with contextlib.suppress(OSError):
                 write_atomic(self.path, state.model_copy(update={"updated_at": now}).model_dump_json())
 
+    def _append_history(self) -> None:
+        with self._history_lock:
+            rows, self._history = self._history, []
+        if not rows:
+            return
+        try:
+            append_jsonl(self.history_path, rows)
+        except OSError as exc:  # the analyzer's training rows are lost, the engine serves on
+            log.warning("jitserve: cannot append %d history row(s): %s", len(rows), exc)
+
     def close(self) -> None:
+        """Stop the writer thread once it has appended every history row handed to it."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=2)
+        self._thread.join(timeout=10)
 
 
 def prometheus_text(state: EngineState | None, now: float) -> bytes:

@@ -355,6 +355,46 @@ def test_state_file_round_trip(tmp_path: Path) -> None:
     assert st is not None and st.running == 1 and not list(tmp_path.glob(".state-*"))
 
 
+def test_history_rows_are_written_by_the_publishers_thread_and_none_is_lost_at_close(tmp_path: Path) -> None:
+    """The step loop does no file I/O for history: the runner hands its finished rows to the publisher
+    with the state, the writer thread appends them, and closing writes every row handed over (the
+    runner's own close appends any not yet taken)."""
+    from jitserve.engine.state import HISTORY_FILE, StatePublisher
+
+    now = [0.0]
+    r = FrameRunner(
+        settings(policy="jitserve", analyzer=False, runtime_dir=str(tmp_path)), batch_size=2,
+        clock=lambda: now[0],
+    )  # fmt: skip
+    publisher = StatePublisher(str(tmp_path), interval_s=60.0)
+    for i in range(5):
+        rid = f"r{i}"
+        r.admit(rid, {"slo_class": "deadline", "deadline": 10}, arrival=0.0, input_len=7 + i, max_tokens=8)
+        r.tokens(rid, 1, 0.5)
+        r.end(rid, 0.5, "finished")
+        if i == 2:  # three rows handed over with a state, two left with the runner
+            publisher.publish(r.state(1.0, 0, 0, 0.0), busy=False, history=r.take_history())
+            assert r.take_history() == []  # handed over, not kept
+    publisher.close()
+    r.close()
+    rows = [json.loads(line) for line in (tmp_path / HISTORY_FILE).read_text().splitlines()]
+    assert [row["prompt_len"] for row in rows] == [7, 8, 9, 10, 11]
+    assert {(row["output_len"], row["slo_class"]) for row in rows} == {(1, "deadline")}
+
+
+def test_a_history_file_that_cannot_be_written_is_logged_and_the_writer_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from jitserve.engine.state import HISTORY_FILE, StatePublisher
+
+    (tmp_path / HISTORY_FILE).mkdir()  # appending to it raises IsADirectoryError (an OSError)
+    publisher = StatePublisher(str(tmp_path), interval_s=60.0)
+    publisher.publish(_state(running=3), busy=True, history=[{"prompt_len": 1}, {"prompt_len": 2}])
+    publisher.close()  # the rows are appended by the time it returns, or reported lost
+    assert "cannot append 2 history row(s)" in caplog.text
+    assert not publisher._thread.is_alive()
+
+
 class FixedBoundPredictor:
     """Test double of the analyzer's LengthPredictor: trained, bound = generated + 10 (the real QRF needs
     hundreds of finished requests and seconds of fitting; its own tests live in tests/unit/analyzer)."""
