@@ -43,9 +43,14 @@ class GoodputWindow:
 
     def summary(self, now: float) -> dict[str, ClassGoodput]:
         """Goodput per second, attainment and count per class over the last `window_s` seconds."""
-        out = {name: ClassGoodput() for name in self.totals}
-        for cls, (tok, met, n) in self._sums.sums(now).items():
+        sums = self._sums.sums(now)
+        out: dict[str, ClassGoodput] = {}
+        for cls in self.totals:  # every class recorded; the window may hold none of it
+            if cls not in sums:
+                out[cls] = ClassGoodput()
+                continue
+            tok, met, n = sums[cls]
             out[cls] = ClassGoodput(
-                goodput_tokens_per_s=tok / self.window_s, attainment=met / n, finished=int(n)
+                goodput_tokens_per_s=float(tok) / self.window_s, attainment=float(met / n), finished=int(n)
             )
         return out
