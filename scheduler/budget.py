@@ -28,15 +28,19 @@ MIN_PROMPT_TOKENS = 64
 _KEEPABLE = 1.1
 
 
-def paced_token_budget(table: RequestTable, now: float, speed: EngineSpeed, ceiling: int) -> int:
+def paced_token_budget(
+    table: RequestTable, now: float, speed: EngineSpeed, ceiling: int, oracle: bool = False
+) -> int:
     """Tokens the next step may schedule (decodes count one each), at most `ceiling` (the engine's
-    configured budget). `speed` gives the decode-only step and the prefill rate the step is timed with."""
+    configured budget). `speed` gives the decode-only step and the prefill rate the step is timed with;
+    a deadline request's pace spreads its time left over the length GMAX plans it for (`oracle`: its
+    true length, as the oracle ablation's analysis does)."""
     slots = table.active_slots()
     run = slots[table.running[slots] & (table.generated[slots] > 0)]  # decoding: their pace is set
     if run.size == 0:
         return ceiling
     kind = table.slo_type[run]
-    left = np.maximum(table.len_ub[run] - table.generated[run], 1)
+    left = table.planned_len(run, oracle) - table.generated[run]  # >= 1
     pace = np.where(kind == LATENCY, stream_pace(table, run, now), (table.deadline_abs[run] - now) / left)
     pace = np.where(kind == BEST_EFFORT, np.inf, pace)
     decode_step = speed.decode_step_s()

@@ -180,10 +180,7 @@ def _work(
 ) -> _Work:
     v = speed.step_time
     generated = table.generated[slots]
-    total = table.true_len[slots] if params.oracle else table.len_ub[slots]
-    if params.oracle:
-        total = np.where(total > 0, total, table.len_ub[slots])
-    total = np.maximum(total, generated + 1)
+    total = table.planned_len(slots, params.oracle)
     len_rem = (total - generated).astype(np.float64)
     input_len = table.input_len[slots]
     prefill_time = table.prefill_left(slots, computed) / speed.prefill_tokens_per_s

@@ -86,7 +86,7 @@ class GMAXPolicy:
         (`jitserve-paper`) leaves the engine's budget as configured."""
         if self.params.ranking != "jit":
             return ceiling
-        return paced_token_budget(table, now, speed, ceiling)
+        return paced_token_budget(table, now, speed, ceiling, self.params.oracle)
 
     def plan(self, table: RequestTable, now: float, speed: EngineSpeed) -> FramePlan:
         # only the just-in-time reservation reads Fair(r)

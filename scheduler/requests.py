@@ -209,6 +209,17 @@ class RequestTable:
         if self.len_ub[slot] <= generated:
             self.len_ub[slot] = min(generated + 1, int(self.max_tokens[slot]))
 
+    def planned_len(self, slots: np.ndarray, oracle: bool = False) -> np.ndarray:
+        """The total output length each slot is planned for: its length bound, or with `oracle` its true
+        length where known (the oracle ablation); never less than one token past what it generated. The
+        one reading of lengths behind GMAX's analysis and the paced step budget."""
+        generated = self.generated[slots]
+        total = self.len_ub[slots]
+        if oracle:
+            true = self.true_len[slots]
+            total = np.where(true > 0, true, total)
+        return np.maximum(total, generated + 1)
+
     def prefill_left(self, slots: np.ndarray, computed: np.ndarray | None = None) -> np.ndarray:
         """Tokens each slot must still run through prefill: its prompt plus what it generated (a request
         preempted by recompute computes both again), less what is computed (`computed` overrides the

@@ -3,6 +3,8 @@ policy hook the simulated engine and the vLLM adapter call every step."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import deadline_request
@@ -98,6 +100,22 @@ def test_an_unmeasured_decode_step_is_taken_as_v_token():
     assert paced_token_budget(table, 0.0, stale, CEILING) == 1 + 100
     with pytest.raises(ValueError, match="decode_step_time"):
         EngineSpeed(decode_step_time=0.0)
+
+
+def test_the_oracle_paces_a_deadline_request_by_its_true_length():
+    """The oracle ablation plans with true lengths (GMAX's analysis); its steps are paced by them too, so
+    the ablation differs from JITServe in the lengths alone. 401 tokens by the bound, 161 in truth, in
+    16 s: 40 ms per token by the bound (200 prompt tokens per step), 100 ms in truth (800)."""
+    table = RequestTable()
+    _decoding(table, dataclasses.replace(deadline_request("d", deadline=16.0, ub=401), true_len=161))
+    assert paced_token_budget(table, 0.0, SPEED, CEILING) == 1 + 200
+    assert paced_token_budget(table, 0.0, SPEED, CEILING, oracle=True) == 1 + 800
+    oracle = GMAXPolicy(params=GMAXParams(batch_size=4, oracle=True))
+    assert oracle.token_budget(table, 0.0, SPEED, CEILING) == 1 + 800
+    # without a known true length the oracle, like its analysis, plans with the bound
+    unknown = RequestTable()
+    _decoding(unknown, deadline_request("d", deadline=16.0, ub=401))
+    assert paced_token_budget(unknown, 0.0, SPEED, CEILING, oracle=True) == 1 + 200
 
 
 def test_just_in_time_gmax_paces_steps_and_algorithm_1_alone_does_not():
