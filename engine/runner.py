@@ -388,7 +388,8 @@ class FrameRunner:
             "slo_class": m.info.slo_class,
             "slo_type": m.info.slo.type.value,
         }
-        self._history.append(row)
+        if self.runtime_dir is not None:  # nowhere to write them: keep none (nothing would ever take them)
+            self._history.append(row)
         if self.bounds is not None:
             from jitserve.scheduler.analyzer import slo_type_code
 
@@ -532,15 +533,15 @@ class FrameRunner:
         """The finished requests' rows since the last call (the analyzer's raw training rows), for the
         engine's `StatePublisher` to append to runtime_dir/history.jsonl off the step loop."""
         rows, self._history = self._history, []
-        return rows if self.runtime_dir is not None else []
+        return rows
 
     def flush_history(self) -> None:
         """Append the rows not yet taken to runtime_dir/history.jsonl here (at close)."""
         rows = self.take_history()
-        if not rows:
+        if not rows or self.runtime_dir is None:
             return
         try:
-            append_jsonl(os.path.join(self.runtime_dir or ".", HISTORY_FILE), rows)
+            append_jsonl(os.path.join(self.runtime_dir, HISTORY_FILE), rows)
         except OSError as exc:
             log.warning("jitserve: cannot append history: %s", exc)
 
