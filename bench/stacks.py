@@ -815,6 +815,9 @@ ENGINE_COUNTERS = {
     "preemptions": "vllm:num_preemptions_total",
     "steps": "vllm:iteration_tokens_total_count",
     "step_tokens": "vllm:iteration_tokens_total_sum",
+    # a JITServe engine's length-predictor fits (0 for stock engines): the CPU they took from the window
+    "length_fits": "jitserve_engine_length_fits_total",
+    "length_fit_cpu_s": "jitserve_engine_length_fit_cpu_seconds_total",
 }
 
 
@@ -1940,10 +1943,16 @@ def _throughput_run(
 
 
 def _engines_line(engines: dict[str, dict[str, float]]) -> str:
-    """Per engine in a closed-loop window: output / prompt tokens, preemptions, tokens per step."""
+    """Per engine in a closed-loop window: output / prompt tokens, preemptions, tokens per step, and the
+    length-predictor fits that finished in it (JITServe engines only)."""
+
+    def fits(d: dict[str, float]) -> str:
+        n = d.get("length_fits", 0)
+        return f" fits {n:.0f} ({d.get('length_fit_cpu_s', 0):.1f} s CPU)" if n else ""
+
     return "engines " + " | ".join(
         f"out {d.get('generation_tokens', 0):.0f} prompt {d.get('prompt_tokens', 0):.0f} "
-        f"preempt {d.get('preemptions', 0):.0f} tok/step {d.get('tokens_per_step', 0):.1f}"
+        f"preempt {d.get('preemptions', 0):.0f} tok/step {d.get('tokens_per_step', 0):.1f}{fits(d)}"
         for d in engines.values()
     )
 

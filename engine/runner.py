@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -40,6 +39,7 @@ from jitserve.engine.state import (
     RequestDebug,
     append_jsonl,
 )
+from jitserve.scheduler.analyzer.refit import BackgroundRefit, RefitPacing
 from jitserve.scheduler.contracts.replica_report import assemble_replica_state
 from jitserve.scheduler.contracts.xargs import RequestSLO, parse_xargs
 from jitserve.scheduler.frames import FULL, FrameDriver, PlanKind
@@ -73,13 +73,13 @@ class _Meta:
 class EngineLengthBounds:
     """The analyzer's QRF bound (scheduler/analyzer), trained online from finished requests.
 
-    Absent analyzer or history -> max_tokens, the only safe bound. A fit (300 trees) costs seconds of
-    CPU: it runs in a niced child process, as the router's does, never in vLLM's engine-core process,
-    where a fitting thread took the GIL and the pinned core from engine steps. Requests that finish
-    during a fit are replayed into the fitted predictor.
+    Absent analyzer or history -> max_tokens, the only safe bound. Fits run as the router's do
+    (`BackgroundRefit`: a niced child process, paced by their CPU cost), never in vLLM's engine-core
+    process, where a fitting thread took the GIL and the pinned core from engine steps. Each fitted
+    predictor is saved to `path`, so a restarted engine starts from what it learned.
     """
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, pacing: RefitPacing | None = None) -> None:
         from jitserve.scheduler.analyzer import LengthPredictor, LengthPredictorConfig
 
         self.path = path
@@ -89,13 +89,21 @@ class EngineLengthBounds:
                 predictor = LengthPredictor.load(path)
             except (OSError, ValueError, KeyError) as exc:
                 log.warning("jitserve: ignoring unreadable length history %s: %s", path, exc)
-        self.predictor = predictor or LengthPredictor(LengthPredictorConfig(n_jobs=1))
+        self.refit = BackgroundRefit(
+            predictor or LengthPredictor(LengthPredictorConfig(n_jobs=1)),
+            pacing,
+            on_fitted=self._save_fitted,
+            label="engine length bounds",
+        )
         self.class_codes: dict[str, int] = {}
-        self._lock = threading.Lock()  # the fit's completion (executor thread) vs observe (engine thread)
-        self._fitting = False
-        self._during_fit: list[tuple[int, int, int, int, int, int]] = []
-        self._pool: Any = None
-        self._tmp: Any = None
+
+    @property
+    def predictor(self) -> Any:
+        return self.refit.predictor
+
+    @predictor.setter
+    def predictor(self, predictor: Any) -> None:
+        self.refit.predictor = predictor
 
     def code(self, slo_class: str) -> int:
         return self.class_codes.setdefault(slo_class, len(self.class_codes) % 65_536)
@@ -108,74 +116,18 @@ class EngineLengthBounds:
     ) -> None:
         if output_len < 1:
             return
-        row = (prompt_len, output_len, slo_type, class_code, 0, max_tokens)
-        with self._lock:
-            self.predictor.observe(*row)
-            if self._fitting:
-                self._during_fit.append(row)
-                return
-            if not self.predictor.refit_due():
-                return
-            self._fitting = True
-        try:
-            self._start_fit()
-        except Exception:  # no child process here: keep the current bounds, try again later
-            log.exception("jitserve: length predictor refit could not start")
-            with self._lock:
-                self._fitting = False
+        self.refit.observe(prompt_len, output_len, slo_type, class_code, 0, max_tokens)
 
-    def _start_fit(self) -> None:
-        import multiprocessing
-        import tempfile
-        from concurrent.futures import ProcessPoolExecutor
-
-        from jitserve.scheduler.analyzer.length import fit_saved, fit_worker_init
-
-        if self._pool is None:
-            # spawn, not fork: vLLM's engine core has threads a fork would copy mid-state; the worker is
-            # niced (the engine's own steps keep its pinned core) and dies with this process
-            self._pool = ProcessPoolExecutor(
-                1,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=fit_worker_init,
-                initargs=(os.getpid(),),
-            )
-        self._tmp = tempfile.TemporaryDirectory(prefix="jitserve-engine-qrf-")  # removed when the fit ends
-        src, dst = os.path.join(self._tmp.name, "in.npz"), os.path.join(self._tmp.name, "out.npz")
-        self.predictor.save(src)
-        future = self._pool.submit(fit_saved, src, dst)
-        future.add_done_callback(lambda f: self._finish_fit(f, dst))
-
-    def _finish_fit(self, future: Any, dst: str) -> None:
-        """On the executor's thread: swap in the fitted predictor with the rows observed meanwhile."""
-        from jitserve.scheduler.analyzer import LengthPredictor
-
-        try:
-            if future.result():
-                new = LengthPredictor.load(dst)
-                with self._lock:
-                    for row in self._during_fit:
-                        new.observe(*row)
-                    self.predictor = new
-                if self.path is not None:
-                    new.save(self.path)
-        except Exception:  # a failed fit keeps the old bounds; the engine must keep serving
-            log.exception("jitserve: length predictor refit failed")
-        finally:
-            if self._tmp is not None:  # this fit's files: the next fit makes its own
-                self._tmp.cleanup()
-                self._tmp = None
-            with self._lock:
-                self._during_fit.clear()
-                self._fitting = False
+    def _save_fitted(self, predictor: Any) -> None:
+        if self.path is not None:
+            predictor.save(self.path)
 
     def save(self) -> None:
         if self.path is not None:
             self.predictor.save(self.path)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        self.refit.close()
 
 
 class FrameRunner:
@@ -506,6 +458,11 @@ class FrameRunner:
             started_at=self.started_at,
             step_token_budget=self.step_token_budget,
         )
+        if self.bounds is not None:
+            diagnostics.update(
+                length_fits_total=self.bounds.refit.fits_finished,
+                length_fit_cpu_seconds_total=self.bounds.refit.fit_cpu_s_total,
+            )
         # validate=False: every field is computed here from validated inputs; validating again would
         # cost more than the rest of the state (it is built several times a second in the step loop).
         return assemble_replica_state(

@@ -82,6 +82,10 @@ class EngineState(ReplicaState):
     recent: list[RequestDebug] = Field(default_factory=list, description="latest requests, newest last")
     vllm_version: str = ""
     started_at: float = 0.0
+    length_fits_total: int = Field(0, ge=0, description="length-predictor fits finished since start")
+    length_fit_cpu_seconds_total: float = Field(
+        0.0, ge=0, description="CPU seconds those fits took, in the child process that ran them"
+    )
     step_token_budget: int | None = Field(
         None,
         ge=1,
@@ -283,6 +287,12 @@ def prometheus_text(state: EngineState | None, now: float) -> bytes:
                     "jitserve_engine_invalid_slo_requests",
                     "requests with malformed SLO xargs",
                     s.invalid_slo_total,
+                ),
+                ("jitserve_engine_length_fits", "length-predictor (QRF) fits finished", s.length_fits_total),
+                (
+                    "jitserve_engine_length_fit_cpu_seconds",
+                    "CPU seconds the length-predictor fits took (in their child process)",
+                    s.length_fit_cpu_seconds_total,
                 ),
             ]
             for name, doc, value in counters:

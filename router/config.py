@@ -45,7 +45,8 @@ class RouterConfig:
     prefix_cache_entries: int = 50_000
     status_window_s: int = 60
     length_predictor: bool = True  # QRF output-length bounds learned from finished requests
-    length_refit_interval_s: float = 60.0  # at most one QRF fit per this many seconds
+    # at most one QRF fit per this many seconds (`RefitPacing.min_interval_s`; its cpu_share paces too)
+    length_refit_interval_s: float = 60.0
     pattern_graphs: bool = True  # compound sub-deadlines from matched pattern graphs
     seed: int | None = None
     defaults: Defaults = field(default_factory=Defaults)

@@ -244,7 +244,8 @@ class RouterSettings(Settings):
     length_refit_interval: float = Field(
         _C.length_refit_interval_s,
         ge=0,
-        description="seconds between QRF refits at least (a fit costs seconds of CPU)",
+        description="seconds between QRF refits at least; a refit also waits until the fits have used at "
+        "most 1% of a core (a fit costs seconds of CPU)",
         json_schema_extra=_g(_PROGRAMS),
     )
     subdeadlines: Literal["pattern-graph", "remaining"] = Field(

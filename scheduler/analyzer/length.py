@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -499,34 +498,3 @@ class LengthPredictor:
 
 
 _TABLE_ARRAYS = ("keys", "offsets", "prompt_min", "n_prompt", "n_gen", "bounds")
-
-
-def fit_worker_init(parent_pid: int) -> None:
-    """Set up a fitting child process (router and engine pass this as their pool's `initializer`, with
-    their own pid).
-
-    Niced: on a small node the fit yields the CPU to the engine's steps and the router's proxy path.
-    Killed with its parent (Linux `PR_SET_PDEATHSIG`): a parent that dies without shutting its pool down
-    (SIGKILL, the OOM killer) otherwise leaves the idle worker behind for good, since a spawned worker
-    holds both ends of its task queue and never reads EOF. The signal follows the thread that spawned
-    the worker, which is the one that first submits a fit: the engine core's step loop and the router's
-    event loop, both alive as long as their process.
-    """
-    os.nice(19)
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        pr_set_pdeathsig = 1  # <linux/prctl.h>
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before the signal was armed
-        os._exit(0)
-
-
-def fit_saved(src: str, dst: str) -> bool:
-    """Load a predictor saved at `src`, fit it, save it to `dst`; whether a table was built. What a
-    fitting child process runs (router and engine): the predictor travels as its own .npz, no pickle."""
-    predictor = LengthPredictor.load(src)
-    fitted = predictor.fit()
-    predictor.save(dst)
-    return fitted

@@ -1,9 +1,10 @@
 """The QRF fit's child process (router and engine): niced, and gone when its parent dies.
 
-Real processes, no mocks: a parent process starts the pool the way router/analysis.py and
-engine/runner.py do, the test SIGKILLs that parent (what the OOM killer or `kubectl delete --force`
-does), and the idle worker must not outlive it. Before `fit_worker_init`, such workers stayed behind
-for good, each holding the ~150 MB of an imported analyzer.
+Real processes, no mocks: a parent process starts the pool router and engine fit in
+(`refit.niced_fit_pool`, `BackgroundRefit`'s default), the test SIGKILLs that parent (what the OOM
+killer or `kubectl delete --force` does), and the idle worker must not outlive it. Before
+`fit_worker_init`, such workers stayed behind for good, each holding the ~150 MB of an imported
+analyzer.
 """
 
 from __future__ import annotations
@@ -15,15 +16,11 @@ import sys
 import time
 
 _PARENT = """
-import multiprocessing, os, sys, time
-from concurrent.futures import ProcessPoolExecutor
-from jitserve.scheduler.analyzer.length import fit_worker_init
+import os, time
+from jitserve.scheduler.analyzer.refit import niced_fit_pool
 
 if __name__ == "__main__":
-    pool = ProcessPoolExecutor(
-        1, mp_context=multiprocessing.get_context("spawn"),
-        initializer=fit_worker_init, initargs=(os.getpid(),),
-    )
+    pool = niced_fit_pool()
     print(pool.submit(os.getpid).result(), flush=True)
     time.sleep(600)
 """

@@ -276,6 +276,26 @@ def test_engine_counters_read_vllms_counters_and_histogram_summed_over_labels() 
     assert delta["u"]["steps"] == 2 and delta["u"]["tokens_per_step"] == 100.0
 
 
+def test_engine_counters_read_a_jitserve_engines_length_fits_from_its_own_metrics() -> None:
+    """The fit counters as a JITServe engine exports them (`engine.state.prometheus_text`, appended to
+    vLLM's /metrics), and the closed-loop line that reports them; a stock engine has none (0)."""
+    from jitserve.engine.state import EngineState, prometheus_text
+
+    state = EngineState(
+        pod="p", model="m", step_time_s=0.05, prefill_tokens_per_s=1000, batch_size=4, running=0, waiting=0,
+        committed_bandwidth=0, residual_capacity=4, admission_priority=0, queue_delay_s=0, kv_usage=0,
+        cutoff=0.9, frames=1, updated_at=0.0, policy="jitserve", frame_steps=50,
+        length_fits_total=2, length_fit_cpu_seconds_total=3.5,
+    )  # fmt: skip
+    before = stacks.parse_metrics(prometheus_text(state, 0.0).decode(), stacks.ENGINE_COUNTERS)
+    after_state = state.model_copy(update={"length_fits_total": 3, "length_fit_cpu_seconds_total": 5.75})
+    after = stacks.parse_metrics(prometheus_text(after_state, 0.0).decode(), stacks.ENGINE_COUNTERS)
+    delta = stacks.counters_delta({"jit": before, "stock": {}}, {"jit": after, "stock": {}})
+    assert delta["jit"]["length_fits"] == 1 and delta["jit"]["length_fit_cpu_s"] == 2.2  # rounded to 0.1
+    line = stacks._engines_line(delta)
+    assert "fits 1 (2.2 s CPU)" in line and line.count("fits") == 1
+
+
 def test_throughput_table_takes_each_round_against_the_stock_stack_of_that_round() -> None:
     rows = [
         {"round": 0, "mix": "paper", "stack": "a-rr", "tokens_per_s": 100.0, "turned_away": 0},

@@ -328,9 +328,13 @@ def test_prometheus_text_names_and_labels() -> None:
         goodput={"gold": ClassGoodput(goodput_tokens_per_s=12.5, attainment=0.5, finished=2)},
         totals={"gold": ClassTotalsModel(finished=2, met=1, goodput_tokens=100)},
         dropped_total=4,
+        length_fits_total=3,
+        length_fit_cpu_seconds_total=4.5,
     )
     text = prometheus_text(st, now=st.updated_at + 2).decode()
     assert 'jitserve_engine_goodput_tokens_per_second{slo_class="gold"} 12.5' in text
+    assert "jitserve_engine_length_fits_total 3.0" in text
+    assert "jitserve_engine_length_fit_cpu_seconds_total 4.5" in text
     assert 'jitserve_engine_finished_requests_total{slo_class="gold"} 2.0' in text
     assert "jitserve_engine_dropped_requests_total 4.0" in text
     assert "jitserve_engine_state_age_seconds 2.0" in text
@@ -431,6 +435,18 @@ def test_length_bounds_refresh_every_50_generated_tokens(tmp_path: Path) -> None
     assert t.len_ub[t.slot("a")] == 110
 
 
+def test_the_state_reports_what_the_length_fits_cost(tmp_path: Path) -> None:
+    """The engine's state (and so `jitserve_engine_length_fit_cpu_seconds_total`) carries the fits'
+    count and CPU as its `BackgroundRefit` counted them."""
+    r = FrameRunner(settings(policy="jitserve", runtime_dir=str(tmp_path)), batch_size=2)
+    assert r.bounds is not None
+    st = r.state(1.0, 0, 0, 0.0)
+    assert st.length_fits_total == 0 and st.length_fit_cpu_seconds_total == 0.0
+    r.bounds.refit.fits_finished, r.bounds.refit.fit_cpu_s_total = 2, 3.25
+    st = r.state(2.0, 0, 0, 0.0)
+    assert st.length_fits_total == 2 and st.length_fit_cpu_seconds_total == 3.25
+
+
 def test_length_bounds_fit_in_a_child_process_and_keep_what_finished_meanwhile(tmp_path: Path) -> None:
     """The engine's QRF fit runs in a spawned, niced child process (never a thread in vLLM's engine
     core, where it held the GIL and the pinned core for seconds); rows observed while it fits are
@@ -450,17 +466,19 @@ def test_length_bounds_fit_in_a_child_process_and_keep_what_finished_meanwhile(t
     try:
         for i in range(40):  # the 40th finished request makes a fit due
             bounds.observe(100 + i, 20 + i % 7, 0, 0, 512)
-        assert bounds._fitting and isinstance(bounds._pool, ProcessPoolExecutor)
+        assert bounds.refit.fitting and isinstance(bounds.refit._pool, ProcessPoolExecutor)
         assert not any(t.name == "jitserve-qrf" for t in threading.enumerate())
         for i in range(5):  # finish while the child fits
             bounds.observe(300 + i, 30, 0, 0, 512)
         deadline = time.monotonic() + 300
-        while bounds._fitting and time.monotonic() < deadline:
+        while bounds.refit.fitting and time.monotonic() < deadline:
             time.sleep(0.2)
         assert bounds.predictor.trained
         assert bounds.predictor.history_size == 45
         assert path.exists() and LengthPredictor.load(str(path)).trained
-        assert bounds._tmp is None  # the fit's scratch files are gone
+        assert bounds.refit._tmp is None  # the fit's scratch files are gone
+        # what the fit cost, measured in the child, as the engine's state reports it
+        assert bounds.refit.fits_finished == 1 and bounds.refit.fit_cpu_s_total > 0
         ub = bounds.bounds([100], [0], [0], [0], [512])
         assert 1 <= int(ub[0]) < 512  # a learned bound, not max_tokens
     finally:

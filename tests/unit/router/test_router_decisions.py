@@ -258,7 +258,7 @@ def test_length_bounds_start_at_max_tokens_and_learn_from_finished_requests() ->
         assert bounds.bound(30, SLOType.DEADLINE, "jobs", "m", 1000) == 1000  # nothing learned yet
         for i in range(40):  # short answers (10-29 tokens) to prompts of ~30 tokens
             bounds.observe(30, 10 + i % 20, SLOType.DEADLINE, "jobs", "m", 1000)
-        while bounds._fitting:  # the fit runs in a worker thread
+        while bounds.fitting:  # the fit runs in a child process
             await asyncio.sleep(0.01)
         return bounds.bound(30, SLOType.DEADLINE, "jobs", "m", 1000)
 

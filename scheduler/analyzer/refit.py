@@ -1,0 +1,214 @@
+"""Refitting the length predictor off the serving path, paced by what the fits cost.
+
+The router (placement's bounds) and the engine (GMAX's bounds) each learn a `LengthPredictor` from the
+requests they see finish. A fit (300 trees) costs seconds of CPU, so it never runs in the serving
+process: `BackgroundRefit` fits a copy in a spawned, niced child process (the predictor travels as its
+own .npz, no pickle), replays the requests that finished meanwhile into the fitted copy and swaps it in.
+
+When a refit may start (`RefitPacing`): once `LengthPredictor.refit_due()` (enough requests finished
+since the last fit), and no sooner than the last fit's CPU time divided by `cpu_share` after that fit
+started, nor sooner than `min_interval_s`. Counting requests alone made the fit's CPU grow with the
+request rate: on a small node every 500 chats cost each engine seconds of CPU its steps needed
+(docs/decisions/analyzer.md, "Fits are paced by their CPU cost"). The first fit is not paced: until
+it, every bound is max_tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from dataclasses import dataclass
+
+from jitserve.scheduler.analyzer.length import LengthPredictor
+
+log = logging.getLogger("jitserve.analyzer")
+
+Row = tuple[int, int, int, int, int, int]  # prompt, output, slo type, class, model, max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RefitPacing:
+    """How often a refit may start: at most `cpu_share` of one core spent fitting, on average, and at
+    most one fit per `min_interval_s`."""
+
+    min_interval_s: float = 60.0
+    cpu_share: float = 0.01
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.min_interval_s) and self.min_interval_s >= 0):
+            raise ValueError(f"min_interval_s: must be a finite number >= 0, got {self.min_interval_s!r}")
+        if not (0 < self.cpu_share <= 1):
+            raise ValueError(f"cpu_share: must be in (0, 1], got {self.cpu_share!r}")
+
+    def wait_s(self, last_fit_cpu_s: float) -> float:
+        """Seconds from the start of a fit that took `last_fit_cpu_s` of CPU to the next one."""
+        return max(self.min_interval_s, max(last_fit_cpu_s, 0.0) / self.cpu_share)
+
+
+class BackgroundRefit:
+    """A `LengthPredictor` learning from finished requests, refit in a child process.
+
+    `observe` is called from the serving thread (the router's event loop, the engine's step loop); the
+    fit's completion runs on the executor's thread, so both take `_lock`. `on_fitted` gets each fitted
+    predictor on that thread (the engine saves it). `clock` is monotonic seconds, injectable for tests;
+    `executor` makes the pool fits run in (default: one niced, spawned child process).
+    """
+
+    def __init__(
+        self,
+        predictor: LengthPredictor,
+        pacing: RefitPacing | None = None,
+        on_fitted: Callable[[LengthPredictor], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        label: str = "length bounds",
+        executor: Callable[[], Executor] | None = None,
+    ) -> None:
+        self.predictor = predictor
+        self.pacing = pacing or RefitPacing()
+        self.on_fitted = on_fitted
+        self.clock = clock
+        self.label = label
+        self._make_executor = executor or niced_fit_pool
+        self.fits_started = 0
+        self.fits_finished = 0  # fits that returned, fitted or not (their CPU counts either way)
+        self.fit_cpu_s_total = 0.0
+        self._lock = threading.Lock()
+        self._fitting = False
+        self._during_fit: list[Row] = []
+        self._last_start = -math.inf
+        self._last_cpu_s = 0.0
+        self._pool: Executor | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def fitting(self) -> bool:
+        return self._fitting
+
+    @property
+    def last_fit_cpu_s(self) -> float:
+        """CPU seconds the last finished fit took, measured in the process that ran it."""
+        return self._last_cpu_s
+
+    def next_fit_at(self) -> float:
+        """The earliest `clock` time a refit may start (once enough requests have finished)."""
+        return self._last_start + self.pacing.wait_s(self._last_cpu_s)
+
+    def observe(self, *row: int) -> None:
+        """A request finished: `row` is `LengthPredictor.observe`'s arguments. Starts a fit when one is
+        due and the pacing allows."""
+        with self._lock:
+            self.predictor.observe(*row)
+            if self._fitting:
+                self._during_fit.append(row)  # type: ignore[arg-type]
+                return
+            if not self.predictor.refit_due():
+                return
+            now = self.clock()
+            if self.predictor.trained and now < self.next_fit_at():
+                return
+            self._fitting, self._last_start = True, now
+            self.fits_started += 1
+        try:
+            self._start_fit()
+        except Exception:  # no child process here: keep the current bounds, try again later
+            log.exception("jitserve: %s refit could not start", self.label)
+            with self._lock:
+                self._fitting = False
+
+    def _start_fit(self) -> None:
+        if self._pool is None:
+            self._pool = self._make_executor()
+        self._tmp = tempfile.TemporaryDirectory(prefix="jitserve-qrf-")  # removed when the fit ends
+        src, dst = os.path.join(self._tmp.name, "in.npz"), os.path.join(self._tmp.name, "out.npz")
+        self.predictor.save(src)  # on the serving thread, from `observe`: nothing observes or swaps meanwhile
+        future = self._pool.submit(fit_saved, src, dst)
+        future.add_done_callback(lambda f: self._finish_fit(f, dst))
+
+    def _finish_fit(self, future: Future[tuple[bool, float]], dst: str) -> None:
+        """On the executor's thread: swap in the fitted predictor with the rows observed meanwhile."""
+        try:
+            fitted, cpu_s = future.result()
+            with self._lock:
+                self._last_cpu_s = cpu_s
+                self.fits_finished += 1
+                self.fit_cpu_s_total += cpu_s
+            if fitted:
+                new = LengthPredictor.load(dst)
+                with self._lock:
+                    for row in self._during_fit:
+                        new.observe(*row)
+                    self.predictor = new
+                log.info(
+                    "jitserve: %s refit on %d requests (%.1f s of CPU); the next no sooner than %.0f s",
+                    self.label,
+                    new.history_size,
+                    cpu_s,
+                    self.pacing.wait_s(cpu_s),
+                )
+                if self.on_fitted is not None:
+                    self.on_fitted(new)
+        except Exception:  # a failed fit keeps the old bounds; the server must keep serving
+            log.exception("jitserve: %s refit failed", self.label)
+        finally:
+            if self._tmp is not None:  # this fit's files: the next fit makes its own
+                self._tmp.cleanup()
+                self._tmp = None
+            with self._lock:
+                self._during_fit.clear()
+                self._fitting = False
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def niced_fit_pool() -> Executor:
+    """One worker process. Spawned, not forked: the router and vLLM's engine core have threads a fork
+    would copy mid-state; niced, and it dies with this process (`fit_worker_init`)."""
+    return ProcessPoolExecutor(
+        1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=fit_worker_init,
+        initargs=(os.getpid(),),
+    )
+
+
+def fit_worker_init(parent_pid: int) -> None:
+    """Set up a fitting child process (`BackgroundRefit`'s pool initializer, with its parent's pid).
+
+    Niced: on a small node the fit yields the CPU to the engine's steps and the router's proxy path.
+    Killed with its parent (Linux `PR_SET_PDEATHSIG`): a parent that dies without shutting its pool down
+    (SIGKILL, the OOM killer) otherwise leaves the idle worker behind for good, since a spawned worker
+    holds both ends of its task queue and never reads EOF. The signal follows the thread that spawned
+    the worker, which is the one that first submits a fit: the engine core's step loop and the router's
+    event loop, both alive as long as their process.
+    """
+    os.nice(19)
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(0)
+
+
+def fit_saved(src: str, dst: str) -> tuple[bool, float]:
+    """Load a predictor saved at `src`, fit it, save it to `dst`: whether a table was built, and the CPU
+    seconds the fit took (this process's, so a fit's cost is measured where it ran). What a fitting child
+    process runs: the predictor travels as its own .npz, no pickle."""
+    predictor = LengthPredictor.load(src)
+    start = time.process_time()
+    fitted = predictor.fit()
+    cpu_s = time.process_time() - start
+    predictor.save(dst)
+    return fitted, cpu_s
