@@ -2,29 +2,33 @@
 
 The router (placement's bounds) and the engine (GMAX's bounds) each learn a `LengthPredictor` from the
 requests they see finish. A fit (300 trees) costs seconds of CPU, so it never runs in the serving
-process: `BackgroundRefit` fits a copy in a spawned, niced child process (the predictor travels as its
-own .npz, no pickle), replays the requests that finished meanwhile into the fitted copy and swaps it in.
+process: `BackgroundRefit` saves the predictor as its own .npz (no pickle), fits it in a fresh, niced
+Python interpreter (`python -m jitserve.scheduler.analyzer.refit PARENT_PID SRC DST`, waited for by one
+background thread), replays the requests that finished meanwhile into the fitted copy and swaps it in.
+A fresh interpreter, not a `multiprocessing` worker: a spawned worker re-imports its parent's main
+module, which in vLLM's engine core is vLLM's API server (about 10 s of CPU and all of torch, once per
+engine), and a forked one would copy the parent's threads mid-state.
 
 When a refit may start (`RefitPacing`): once `LengthPredictor.refit_due()` (enough requests finished
-since the last fit), and no sooner than the last fit's CPU time divided by `cpu_share` after that fit
-started, nor sooner than `min_interval_s`. Counting requests alone made the fit's CPU grow with the
-request rate: on a small node every 500 chats cost each engine seconds of CPU its steps needed
-(docs/decisions/analyzer.md, "Fits are paced by their CPU cost"). The first fit is not paced: until
-it, every bound is max_tokens.
+since the last fit), and no sooner than the last fit's CPU time (the child's, start-up included)
+divided by `cpu_share` after that fit started, nor sooner than `min_interval_s`. Counting requests
+alone made the fits' CPU grow with the request rate (docs/decisions/analyzer.md, "A fit runs in a
+fresh interpreter, paced by its CPU cost"). The first fit is not paced: until it, every bound is max_tokens.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-import multiprocessing
 import os
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from jitserve.scheduler.analyzer.length import LengthPredictor
@@ -58,8 +62,9 @@ class BackgroundRefit:
 
     `observe` is called from the serving thread (the router's event loop, the engine's step loop); the
     fit's completion runs on the executor's thread, so both take `_lock`. `on_fitted` gets each fitted
-    predictor on that thread (the engine saves it). `clock` is monotonic seconds, injectable for tests;
-    `executor` makes the pool fits run in (default: one niced, spawned child process).
+    predictor on that thread (the engine saves it). `clock` is monotonic seconds, injectable for tests.
+    `fit(src, dst) -> (fitted, cpu_s)` fits the predictor saved at `src` into `dst` on an `executor`
+    thread: by default `fit_in_child`, which only waits there for its child interpreter.
     """
 
     def __init__(
@@ -70,13 +75,15 @@ class BackgroundRefit:
         clock: Callable[[], float] = time.monotonic,
         label: str = "length bounds",
         executor: Callable[[], Executor] | None = None,
+        fit: Callable[[str, str], tuple[bool, float]] | None = None,
     ) -> None:
         self.predictor = predictor
         self.pacing = pacing or RefitPacing()
         self.on_fitted = on_fitted
         self.clock = clock
         self.label = label
-        self._make_executor = executor or niced_fit_pool
+        self._make_executor = executor or _waiting_thread
+        self._fit = fit or fit_in_child
         self.fits_started = 0
         self.fits_finished = 0  # fits that returned, fitted or not (their CPU counts either way)
         self.fit_cpu_s_total = 0.0
@@ -129,7 +136,7 @@ class BackgroundRefit:
         self._tmp = tempfile.TemporaryDirectory(prefix="jitserve-qrf-")  # removed when the fit ends
         src, dst = os.path.join(self._tmp.name, "in.npz"), os.path.join(self._tmp.name, "out.npz")
         self.predictor.save(src)  # on the serving thread, from `observe`: nothing observes or swaps meanwhile
-        future = self._pool.submit(fit_saved, src, dst)
+        future = self._pool.submit(self._fit, src, dst)
         future.add_done_callback(lambda f: self._finish_fit(f, dst))
 
     def _finish_fit(self, future: Future[tuple[bool, float]], dst: str) -> None:
@@ -170,26 +177,35 @@ class BackgroundRefit:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def niced_fit_pool() -> Executor:
-    """One worker process. Spawned, not forked: the router and vLLM's engine core have threads a fork
-    would copy mid-state; niced, and it dies with this process (`fit_worker_init`)."""
-    return ProcessPoolExecutor(
-        1,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=fit_worker_init,
-        initargs=(os.getpid(),),
-    )
+def _waiting_thread() -> Executor:
+    """The one thread a `BackgroundRefit` waits for its fits on (a wait holds no GIL)."""
+    return ThreadPoolExecutor(1, thread_name_prefix="jitserve-refit-wait")
+
+
+def fit_in_child(src: str, dst: str, timeout_s: float = 1800.0) -> tuple[bool, float]:
+    """Fit the predictor saved at `src` into `dst` in a fresh, niced Python interpreter (this module's
+    `__main__`): whether a table was built, and the CPU seconds the child took, its start-up included.
+    Raises when the child fails (its stderr's last line in the message) or outlives `timeout_s`."""
+    cmd = [sys.executable, "-m", "jitserve.scheduler.analyzer.refit", str(os.getpid()), src, dst]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"length fit child exited with {done.returncode}: {tail}")
+    lines = done.stdout.strip().splitlines()
+    if not lines:  # it found its parent gone (`fit_worker_init`): nobody to answer
+        raise RuntimeError("length fit child printed no answer")
+    answer = json.loads(lines[-1])
+    return bool(answer["fitted"]), float(answer["cpu_s"])
 
 
 def fit_worker_init(parent_pid: int) -> None:
-    """Set up a fitting child process (`BackgroundRefit`'s pool initializer, with its parent's pid).
+    """Set up a fitting child process (what `fit_in_child`'s interpreter does first, given its parent's
+    pid).
 
     Niced: on a small node the fit yields the CPU to the engine's steps and the router's proxy path.
-    Killed with its parent (Linux `PR_SET_PDEATHSIG`): a parent that dies without shutting its pool down
-    (SIGKILL, the OOM killer) otherwise leaves the idle worker behind for good, since a spawned worker
-    holds both ends of its task queue and never reads EOF. The signal follows the thread that spawned
-    the worker, which is the one that first submits a fit: the engine core's step loop and the router's
-    event loop, both alive as long as their process.
+    Killed with its parent (Linux `PR_SET_PDEATHSIG`): a parent that dies mid-fit (SIGKILL, the OOM
+    killer) would otherwise leave a fit of seconds to minutes running for nobody. The signal follows the
+    thread that started the child: the refit's waiting thread, alive as long as its process.
     """
     os.nice(19)
     if sys.platform.startswith("linux"):
@@ -203,12 +219,26 @@ def fit_worker_init(parent_pid: int) -> None:
 
 
 def fit_saved(src: str, dst: str) -> tuple[bool, float]:
-    """Load a predictor saved at `src`, fit it, save it to `dst`: whether a table was built, and the CPU
-    seconds the fit took (this process's, so a fit's cost is measured where it ran). What a fitting child
-    process runs: the predictor travels as its own .npz, no pickle."""
+    """Load a predictor saved at `src`, fit it, save it to `dst`: whether a table was built, and this
+    process's CPU seconds so far (in `fit_in_child`'s interpreter: its imports and the fit). The
+    predictor travels as its own .npz, no pickle."""
     predictor = LengthPredictor.load(src)
-    start = time.process_time()
     fitted = predictor.fit()
-    cpu_s = time.process_time() - start
     predictor.save(dst)
-    return fitted, cpu_s
+    return fitted, time.process_time()
+
+
+def _main(argv: list[str]) -> int:
+    """`python -m jitserve.scheduler.analyzer.refit PARENT_PID SRC DST`: one fit; prints its answer as
+    one JSON line."""
+    if len(argv) != 3:
+        print("usage: python -m jitserve.scheduler.analyzer.refit PARENT_PID SRC DST", file=sys.stderr)
+        return 2
+    fit_worker_init(int(argv[0]))
+    fitted, cpu_s = fit_saved(argv[1], argv[2])
+    print(json.dumps({"fitted": fitted, "cpu_s": cpu_s}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

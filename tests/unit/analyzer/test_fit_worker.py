@@ -1,10 +1,11 @@
-"""The QRF fit's child process (router and engine): niced, and gone when its parent dies.
+"""The QRF fit's child interpreter (router and engine, `refit.fit_in_child`): niced, a fresh interpreter
+that never imports its parent's main module, and gone when its parent dies.
 
-Real processes, no mocks: a parent process starts the pool router and engine fit in
-(`refit.niced_fit_pool`, `BackgroundRefit`'s default), the test SIGKILLs that parent (what the OOM
-killer or `kubectl delete --force` does), and the idle worker must not outlive it. Before
-`fit_worker_init`, such workers stayed behind for good, each holding the ~150 MB of an imported
-analyzer.
+Real processes, no mocks: a parent process (its main module a stand-in for vLLM's API server: importing
+it leaves a mark) starts a fit the way `BackgroundRefit` does, on a history big enough to keep the child
+fitting for a while; the test finds the child, checks it, SIGKILLs the parent (what the OOM killer or
+`kubectl delete --force` does), and the child must not outlive it. A `multiprocessing` worker spawned
+from vLLM's engine core re-imported vLLM's API server as its main module: about 10 s of CPU per engine.
 """
 
 from __future__ import annotations
@@ -14,14 +15,28 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 _PARENT = """
-import os, time
-from jitserve.scheduler.analyzer.refit import niced_fit_pool
+import os, sys, threading, time
+import numpy as np
+from jitserve.scheduler.analyzer.length import LengthPredictor, LengthPredictorConfig
+from jitserve.scheduler.analyzer.refit import fit_in_child
+
+if os.environ.get("FIT_PARENT_STARTED"):  # this main module, imported again in a child (as __mp_main__)
+    open(os.environ["FIT_MARKER"], "w").close()
 
 if __name__ == "__main__":
-    pool = niced_fit_pool()
-    print(pool.submit(os.getpid).result(), flush=True)
+    marker = os.environ["FIT_MARKER"]
+    os.environ["FIT_PARENT_STARTED"] = "1"
+    rng = np.random.default_rng(0)
+    p = LengthPredictor(LengthPredictorConfig(n_estimators=300, min_samples_leaf=5))
+    for _ in range(5000):
+        p.observe(int(rng.integers(10, 4000)), int(rng.integers(50, 2000)), 0, 0, 0, 2048)
+    src = marker + ".in.npz"
+    p.save(src)
+    threading.Thread(target=fit_in_child, args=(src, marker + ".out.npz"), daemon=True).start()
+    print("started", flush=True)
     time.sleep(600)
 """
 
@@ -34,21 +49,47 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_fit_worker_is_niced_and_dies_with_its_parent() -> None:
-    parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True)
-    worker = 0
+def _fit_child_of(parent: int) -> int | None:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if ppid == parent and b"jitserve.scheduler.analyzer.refit" in cmd:
+            return int(entry)
+    return None
+
+
+def test_fit_child_is_niced_fresh_and_dies_with_its_parent(tmp_path: Path) -> None:
+    marker = tmp_path / "main-imported"
+    script = tmp_path / "parent_main.py"
+    script.write_text(_PARENT)
+    env = {**os.environ, "FIT_MARKER": str(marker)}
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    child = None
     try:
-        assert parent.stdout is not None
-        worker = int(parent.stdout.readline())
-        assert worker != parent.pid and _alive(worker)
-        assert os.getpriority(os.PRIO_PROCESS, worker) >= 19
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 60  # not a timing: the child starts at once and fits for seconds
+        while child is None and time.monotonic() < deadline:
+            child = _fit_child_of(parent.pid)
+            time.sleep(0.02)
+        assert child is not None, "no fit child started"
+        while os.getpriority(os.PRIO_PROCESS, child) < 19 and time.monotonic() < deadline:
+            time.sleep(0.02)  # it nices itself first thing
+        assert os.getpriority(os.PRIO_PROCESS, child) >= 19
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
         deadline = time.monotonic() + 30  # an exit, not a timing: the signal is delivered at once
-        while _alive(worker) and time.monotonic() < deadline:
+        while _alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(worker), "the fit worker outlived its SIGKILLed parent"
+        assert not _alive(child), "the fit child outlived its SIGKILLed parent"
+        assert not marker.exists(), "the fit child imported its parent's main module"
     finally:
         parent.kill()
-        if worker and _alive(worker):
-            os.kill(worker, signal.SIGKILL)
+        if child and _alive(child):
+            os.kill(child, signal.SIGKILL)

@@ -448,14 +448,23 @@ def test_the_state_reports_what_the_length_fits_cost(tmp_path: Path) -> None:
 
 
 def test_length_bounds_fit_in_a_child_process_and_keep_what_finished_meanwhile(tmp_path: Path) -> None:
-    """The engine's QRF fit runs in a spawned, niced child process (never a thread in vLLM's engine
-    core, where it held the GIL and the pinned core for seconds); rows observed while it fits are
-    replayed into the fitted predictor, and the history file is written."""
-    import threading
-    from concurrent.futures import ProcessPoolExecutor
-
+    """The engine's QRF fit runs in a fresh, niced child interpreter (never in vLLM's engine core,
+    where a fitting thread held the GIL and the pinned core for seconds); rows observed while it fits
+    are replayed into the fitted predictor, and the history file is written."""
     from jitserve.engine.runner import EngineLengthBounds
     from jitserve.scheduler.analyzer import LengthPredictor, LengthPredictorConfig
+
+    def fit_children() -> list[str]:
+        kids = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"analyzer.refit" in cmd:
+                kids.append(entry)
+        return kids
 
     path = tmp_path / "lengths.npz"
     bounds = EngineLengthBounds(None)
@@ -466,18 +475,20 @@ def test_length_bounds_fit_in_a_child_process_and_keep_what_finished_meanwhile(t
     try:
         for i in range(40):  # the 40th finished request makes a fit due
             bounds.observe(100 + i, 20 + i % 7, 0, 0, 512)
-        assert bounds.refit.fitting and isinstance(bounds.refit._pool, ProcessPoolExecutor)
-        assert not any(t.name == "jitserve-qrf" for t in threading.enumerate())
+        assert bounds.refit.fitting
         for i in range(5):  # finish while the child fits
             bounds.observe(300 + i, 30, 0, 0, 512)
+        seen_child = False
         deadline = time.monotonic() + 300
         while bounds.refit.fitting and time.monotonic() < deadline:
-            time.sleep(0.2)
+            seen_child = seen_child or bool(fit_children())
+            time.sleep(0.02)
+        assert seen_child, "the fit did not run in a child process"
         assert bounds.predictor.trained
         assert bounds.predictor.history_size == 45
         assert path.exists() and LengthPredictor.load(str(path)).trained
         assert bounds.refit._tmp is None  # the fit's scratch files are gone
-        # what the fit cost, measured in the child, as the engine's state reports it
+        # what the fit cost, measured in the child (its start-up included), as the engine's state reports it
         assert bounds.refit.fits_finished == 1 and bounds.refit.fit_cpu_s_total > 0
         ub = bounds.bounds([100], [0], [0], [0], [512])
         assert 1 <= int(ub[0]) < 512  # a learned bound, not max_tokens
