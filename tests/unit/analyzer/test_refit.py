@@ -22,7 +22,7 @@ FIT_CPU_S = 20.0  # what each fit here reports having cost
 
 
 def _fit_here(src: str, dst: str) -> tuple[bool, float]:
-    return fit_saved(src, dst)[0], FIT_CPU_S
+    return fit_saved(src, dst), FIT_CPU_S
 
 
 def test_pacing_waits_the_last_fits_cpu_over_its_share_and_never_less_than_the_interval() -> None:
