@@ -39,6 +39,7 @@ from jitserve.engine.state import (
     RequestDebug,
     append_jsonl,
 )
+from jitserve.scheduler.analyzer.length import LengthPredictor, LengthPredictorConfig
 from jitserve.scheduler.analyzer.refit import BackgroundRefit, RefitPacing
 from jitserve.scheduler.contracts.replica_report import assemble_replica_state
 from jitserve.scheduler.contracts.xargs import RequestSLO, parse_xargs
@@ -80,8 +81,6 @@ class EngineLengthBounds:
     """
 
     def __init__(self, path: str | None, pacing: RefitPacing | None = None) -> None:
-        from jitserve.scheduler.analyzer import LengthPredictor, LengthPredictorConfig
-
         self.path = path
         predictor = None
         if path is not None and os.path.exists(path):
@@ -98,11 +97,11 @@ class EngineLengthBounds:
         self.class_codes: dict[str, int] = {}
 
     @property
-    def predictor(self) -> Any:
+    def predictor(self) -> LengthPredictor:
         return self.refit.predictor
 
     @predictor.setter
-    def predictor(self, predictor: Any) -> None:
+    def predictor(self, predictor: LengthPredictor) -> None:
         self.refit.predictor = predictor
 
     def code(self, slo_class: str) -> int:
@@ -118,7 +117,7 @@ class EngineLengthBounds:
             return
         self.refit.observe(prompt_len, output_len, slo_type, class_code, 0, max_tokens)
 
-    def _save_fitted(self, predictor: Any) -> None:
+    def _save_fitted(self, predictor: LengthPredictor) -> None:
         if self.path is not None:
             predictor.save(self.path)
 
