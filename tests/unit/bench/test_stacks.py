@@ -247,8 +247,10 @@ def test_closed_loop_counts_the_tokens_in_its_window_and_sends_each_class_its_sl
 
     edges: list[float] = []
     rate, turned_away = asyncio.run(main())
-    # 4 clients, each at most 4 tokens per 0.2 s call: at most 80 tokens/s; at least one call's worth
-    assert 4 <= rate <= 80 and turned_away == 0
+    # 4 clients, each at most 4 tokens per 0.2 s call: at most 80 tokens/s. Some tokens land in the
+    # window, however slow the machine (how many is its speed, not the client's logic: a floor of one
+    # call's worth, 4 tokens, failed once on a loaded two-core machine)
+    assert 0 < rate <= 80 and turned_away == 0
     # both edges of the window read, the second no earlier than the 1.0 s window after the first (a slow
     # machine may only make it later)
     assert len(edges) == 2 and edges[1] - edges[0] >= 0.9
