@@ -40,7 +40,7 @@ from jitserve.engine.state import (
     append_jsonl,
 )
 from jitserve.scheduler.analyzer.length import LengthPredictor, LengthPredictorConfig
-from jitserve.scheduler.analyzer.refit import BackgroundRefit, RefitPacing
+from jitserve.scheduler.analyzer.refit import BackgroundRefit
 from jitserve.scheduler.contracts.replica_report import assemble_replica_state
 from jitserve.scheduler.contracts.xargs import RequestSLO, parse_xargs
 from jitserve.scheduler.frames import FULL, FrameDriver, PlanKind
@@ -80,7 +80,7 @@ class EngineLengthBounds:
     predictor is saved to `path`, so a restarted engine starts from what it learned.
     """
 
-    def __init__(self, path: str | None, pacing: RefitPacing | None = None) -> None:
+    def __init__(self, path: str | None) -> None:
         self.path = path
         predictor = None
         if path is not None and os.path.exists(path):
@@ -90,7 +90,6 @@ class EngineLengthBounds:
                 log.warning("jitserve: ignoring unreadable length history %s: %s", path, exc)
         self.refit = BackgroundRefit(
             predictor or LengthPredictor(LengthPredictorConfig(n_jobs=1)),
-            pacing,
             on_fitted=self._save_fitted,
             label="engine length bounds",
         )
