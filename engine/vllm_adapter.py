@@ -39,6 +39,7 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus
 
+from jitserve.engine.logs import log_like_vllm
 from jitserve.engine.runner import FrameRunner
 from jitserve.engine.settings import SchedulerSettings
 from jitserve.engine.state import StatePublisher
@@ -68,6 +69,7 @@ def drop_message(slo: SLO | None) -> str:
 class JITServeScheduler(AsyncScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         check_vllm_version(vllm.__version__)
+        log_like_vllm()  # the engine core's own process: vLLM configured only its own logger
         super().__init__(*args, **kwargs)
         if self.policy != SchedulingPolicy.FCFS:
             raise ValueError(

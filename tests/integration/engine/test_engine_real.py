@@ -33,6 +33,17 @@ def recent_entry(engine: EngineProcess, response_id: str) -> dict[str, Any]:
     return next(r for r in state["recent"] if r["request_id"].startswith(response_id + "-"))
 
 
+def engine_log_lines(engine: EngineProcess, text: str, timeout: float = 30.0) -> list[str]:
+    """The engine log's lines containing `text`, once there is one (vLLM's handler flushes each record;
+    the timeout only bounds a wait for the file)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [ln for ln in engine.log_path.read_text(errors="replace").splitlines() if text in ln]
+        if lines or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.2)
+
+
 def test_slo_fields_travel_from_the_sdk_to_the_scheduler(engine: EngineProcess) -> None:
     client = engine.openai()
     r1 = client.completions.create(
@@ -95,6 +106,21 @@ def test_request_that_cannot_start_in_time_is_dropped_with_a_reason(engine: Engi
     assert due.choices[0].finish_reason == "length"
     assert recent_entry(engine, due.id)["outcome"] == "finished"
     assert engine.state()["dropped_total"] == before + 2
+
+
+def test_the_schedulers_own_log_lines_are_in_the_engine_log(engine: EngineProcess) -> None:
+    """vLLM configures only its own logger: without engine/logs.py every `jitserve.*` INFO line of the
+    engine-core process (its start-up, its drops, its length refits) was lost. They are written where
+    vLLM writes, with its process prefix and format."""
+    started = engine_log_lines(engine, "JITServe scheduler: policy=jitserve")
+    assert len(started) == 1 and "(EngineCore" in started[0] and " INFO " in started[0]
+    client = engine.openai(timeout=30)
+    late = client.completions.create(
+        model=engine.model_name, prompt="too late", max_tokens=5,
+        extra_body={"vllm_xargs": {"target_ttft": 600, "waiting_time": 0.001}},
+    )  # fmt: skip
+    assert late.choices[0].finish_reason == "abort"
+    assert engine_log_lines(engine, "jitserve: dropped 1 request(s) not started in time")
 
 
 def test_metrics_and_schema(engine: EngineProcess) -> None:
