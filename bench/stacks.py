@@ -382,6 +382,18 @@ def scored(job: Any, mix: Mix, shape: Shape, cutoff_s: float) -> bool:
     return job.arrival + job_horizon(job, mix, shape) <= cutoff_s
 
 
+# Connection pools the replay client spreads its calls over (`run_trace`).
+CLIENT_POOLS = 16
+
+
+def client_lag(outs: Sequence[JobOut]) -> dict[str, float | None]:
+    """How late the client sent each job's first call after the job's arrival in the trace (seconds, p50
+    and p99): the replay's own fidelity. A client that falls behind delays every stack's requests alike
+    and turns its run into a different, burstier trace."""
+    lags = [o.calls[0].sent - o.job.arrival for o in outs if o.calls]
+    return {"p50": _pct(lags, 50), "p99": _pct(lags, 99)}
+
+
 async def run_trace(
     url: str,
     model: str,
@@ -401,20 +413,26 @@ async def run_trace(
 
     from jitserve.local.demo import StopRequestedError
 
-    client = openai.AsyncOpenAI(
-        base_url=f"{url}/v1",
-        api_key="unused",
-        max_retries=0,
-        timeout=600.0,  # a 429 is an answer
-        http_client=httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=4000, max_keepalive_connections=200)
-        ),
-    )
+    # Several connection pools, not one: httpcore scans every connection of its pool on each request and
+    # each response's close, so one pool of a few hundred open streams took 39% of the client's time
+    # (py-spy, paper 2x) and the client sent calls up to 5 s after their arrival (`client_lag_s`).
+    clients = [
+        openai.AsyncOpenAI(
+            base_url=f"{url}/v1",
+            api_key="unused",
+            max_retries=0,
+            timeout=600.0,  # a 429 is an answer
+            http_client=httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=4000, max_keepalive_connections=200 // CLIENT_POOLS)
+            ),
+        )
+        for _ in range(CLIENT_POOLS)
+    ]
     outs = [JobOut(j) for j in jobs]
     t0 = time.monotonic() + 0.1
     tasks = [
-        asyncio.ensure_future(_run_job(client, model, j, t0, mix, shape, spec, tag, o))
-        for j, o in zip(jobs, outs, strict=True)
+        asyncio.ensure_future(_run_job(clients[i % CLIENT_POOLS], model, j, t0, mix, shape, spec, tag, o))
+        for i, (j, o) in enumerate(zip(jobs, outs, strict=True))
     ]
 
     async def until(end: float, watched: Sequence[asyncio.Future[None]]) -> None:
@@ -437,7 +455,8 @@ async def run_trace(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await client.close()
+        for client in clients:
+            await client.close()
     for o in outs:
         for c in o.calls:
             if not c.finished and not c.reason:
@@ -1659,6 +1678,7 @@ def _one_run(
     )
     summ = run_summary(score_run(outs, mix, shape, duration), duration)
     rec = {"seed": seed, "mix": m, "load": load, "stack": spec.key, "jobs": len(jobs), **machine}
+    rec["client_lag_s"] = client_lag(outs)
     return rec | {"classes": summ}, outs
 
 
@@ -1669,6 +1689,11 @@ def _run_line(rec: dict[str, Any]) -> str:
         f"goodput {tot['goodput']:,.0f}, attainment {_pct_s(_num(tot['attainment']))} of {tot['jobs']}, "
         f"{tot['throughput']:.0f} tok/s, rej {tot['rejected']} drop {tot['dropped']} t/o {tot['timeouts']}; "
         f"load avg {rec['loadavg']}"
+        + (
+            f"; client lag p99 {lag['p99']:.2f} s"
+            if (lag := rec.get("client_lag_s")) and lag["p99"] is not None
+            else ""
+        )
     )
 
 

@@ -139,6 +139,32 @@ def test_best_effort_is_met_when_it_finishes_in_the_drain_but_throughput_stops_a
     assert stacks.run_summary(runs, 10.0)["best-effort"]["met_by_cutoff"] == 1
 
 
+def test_the_clients_own_lag_is_how_late_it_sent_each_jobs_first_call() -> None:
+    """client_lag: first calls only (a program's later calls wait for the earlier ones by design), and
+    a job the client never sent is left out, not counted as on time."""
+    call = demo.Call("a b c", 4)
+    jobs = [demo.Job(i, "compound", float(i), (call, call)) for i in range(4)]
+    outs = [stacks.JobOut(j) for j in jobs]
+    for o, lag in zip(outs[:3], (0.0, 0.25, 2.0), strict=True):
+        o.calls.append(stacks.CallOut(o.job.arrival + lag))
+        o.calls.append(stacks.CallOut(o.job.arrival + 30.0))  # the second stage, sent when the first ended
+    lag = stacks.client_lag(outs)
+    assert lag == {"p50": 0.25, "p99": 2.0}
+    rec = {
+        "seed": 0,
+        "mix": "paper",
+        "load": 2.0,
+        "stack": "d",
+        "jobs": 4,
+        "loadavg": 1.0,
+        "client_lag_s": lag,
+    }
+    rec["classes"] = {"total": {"goodput": 1.0, "attainment": 1.0, "jobs": 4, "throughput": 1.0,
+                                "rejected": 0, "dropped": 0, "timeouts": 0}}  # fmt: skip
+    assert stacks._run_line(rec).endswith("; client lag p99 2.00 s")
+    assert stacks.client_lag([]) == {"p50": None, "p99": None}
+
+
 async def _paced_chat_server(
     tokens: int, interval: float, bodies: list[dict] | None = None, reject_rule: str | None = None
 ) -> asyncio.AbstractServer:
