@@ -285,45 +285,91 @@ class JobOut:
     calls: list[CallOut] = field(default_factory=list)
 
 
+def replay_client(url: str, pool: int = 4000, keep_alive: int = 200, timeout_s: float = 600.0) -> Any:
+    """The replay's HTTP client for one stack: plain `httpx` against its OpenAI endpoint.
+
+    Not the `openai` SDK: it builds each request through its typed transforms and turns every streamed
+    chunk into pydantic objects, which kept the client's event loop 75% busy at 2x load on two cores that
+    the engines under test already fill, and the client sent calls seconds after their arrival (docs/
+    benchmarks/stacks.md, "The replay client fell behind its trace"). `vllm bench serve` streams with
+    plain HTTP for the same reason. The requests and replies are the OpenAI API's, as the SDK sends them."""
+    import httpx
+
+    return httpx.AsyncClient(
+        base_url=f"{url}/v1",
+        headers={"authorization": "Bearer unused"},
+        timeout=timeout_s,
+        limits=httpx.Limits(max_connections=pool, max_keepalive_connections=keep_alive),
+    )
+
+
+def _error_message(raw: bytes) -> str:
+    """An OpenAI error body's message (the text itself when it is not one)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace")[:300]
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict) and err.get("message"):
+        return str(err["message"])
+    return str(doc.get("message") or doc.get("detail") or doc) if isinstance(doc, dict) else str(doc)
+
+
 async def _stream(
     client: Any, model: str, prompt: str, max_tokens: int, body: dict[str, Any], out: CallOut, t0: float
 ) -> None:
-    """Stream one chat completion into `out` as it arrives (a cancelled call keeps what it received)."""
-    import openai
+    """Stream one chat completion into `out` as it arrives (a cancelled call keeps what it received).
+    `client`: `replay_client`'s. A 429 is a rejection (with our router's rule header), a 503 or an error
+    event inside the stream (our router's waiting_time drop) or a stream that ends unfinished is a drop."""
+    import httpx
 
     from jitserve.router.errors import REJECTION_HEADER
 
+    payload = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **body,
+    }
     try:
-        stream = await client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=max_tokens,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body=body,
-        )
-        finish = None
-        async for chunk in stream:
-            now = time.monotonic() - t0
-            if chunk.usage is not None:
-                out.tokens = int(chunk.usage.completion_tokens)
-                out.input_len = int(chunk.usage.prompt_tokens)
-            for choice in chunk.choices:
-                if choice.delta is not None and choice.delta.content:
-                    out.token_times.append(now)
-                finish = choice.finish_reason or finish
+        async with client.stream("POST", "chat/completions", json=payload) as resp:
+            if resp.status_code != 200:
+                detail = _error_message(await resp.aread())
+                if resp.status_code == 429:
+                    out.reason, out.detail = "rejected", detail
+                    out.rule = resp.headers.get(REJECTION_HEADER, "")
+                else:
+                    out.reason = "dropped" if resp.status_code == 503 else f"http {resp.status_code}"
+                    out.detail = detail
+                return
+            finish = None
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.monotonic() - t0
+                chunk = json.loads(data)
+                if "error" in chunk:  # an error event inside the stream
+                    out.reason, out.detail = "dropped", _error_message(data.encode())
+                    return
+                usage = chunk.get("usage")
+                if usage:
+                    out.tokens = int(usage["completion_tokens"])
+                    out.input_len = int(usage["prompt_tokens"])
+                for choice in chunk.get("choices") or ():
+                    if (choice.get("delta") or {}).get("content"):
+                        out.token_times.append(now)
+                    finish = choice.get("finish_reason") or finish
         if finish in (None, "abort"):
             out.reason = "dropped"  # the server ended the stream without finishing it
         else:
             out.finished = True
-    except openai.RateLimitError as e:
-        out.reason, out.detail = "rejected", e.message
-        out.rule = e.response.headers.get(REJECTION_HEADER, "")
-    except openai.APIStatusError as e:
-        out.reason = "dropped" if e.status_code == 503 else f"http {e.status_code}"
-        out.detail = e.message
-    except openai.APIError as e:  # an error event inside the stream (our router's waiting_time drop)
-        out.reason, out.detail = "dropped", e.message
+    except (httpx.TransportError, ValueError) as e:  # the connection failed, or a reply that is not JSON
+        out.reason, out.detail = "dropped", str(e) or type(e).__name__
     if out.finished and out.tokens is not None and out.token_times:
         # vLLM streams a chunk per token; a token whose text was empty (or chunks merged on the way) is
         # taken to have arrived with the chunk that completed the count.
@@ -408,26 +454,12 @@ async def run_trace(
 ) -> list[JobOut]:
     """Replay `jobs` against `url` until `cutoff_s`; whatever still streams then is cancelled, except
     the scored best-effort jobs, which get up to `drain_s` more seconds to finish."""
-    import httpx
-    import openai
-
     from jitserve.local.demo import StopRequestedError
 
     # Several connection pools, not one: httpcore scans every connection of its pool on each request and
     # each response's close, so one pool of a few hundred open streams took 39% of the client's time
-    # (py-spy, paper 2x) and the client sent calls up to 5 s after their arrival (`client_lag_s`).
-    clients = [
-        openai.AsyncOpenAI(
-            base_url=f"{url}/v1",
-            api_key="unused",
-            max_retries=0,
-            timeout=600.0,  # a 429 is an answer
-            http_client=httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=4000, max_keepalive_connections=200 // CLIENT_POOLS)
-            ),
-        )
-        for _ in range(CLIENT_POOLS)
-    ]
+    # (py-spy, paper 2x) and the client sent calls up to 5 s after their arrival (`client_lag`).
+    clients = [replay_client(url, keep_alive=200 // CLIENT_POOLS) for _ in range(CLIENT_POOLS)]
     outs = [JobOut(j) for j in jobs]
     t0 = time.monotonic() + 0.1
     tasks = [
@@ -456,7 +488,7 @@ async def run_trace(
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for client in clients:
-            await client.close()
+            await client.aclose()
     for o in outs:
         for c in o.calls:
             if not c.finished and not c.reason:
@@ -908,9 +940,7 @@ async def _closed_loop(
     the next call as soon as one ends (`request(i, sent)`: the i-th call, sent at `sent` s); a call turned
     away (429, 503) is followed by 0.2 s of pause, not an immediate retry. `on_window` is called (in a
     thread) when the window opens and when it closes."""
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300.0)
+    client = replay_client(url, timeout_s=300.0)
     t0 = time.monotonic()
     start, end = t0 + warmup_s, t0 + warmup_s + window_s
     outs: list[CallOut] = []
@@ -942,7 +972,7 @@ async def _closed_loop(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await client.close()
+        await client.aclose()
     counted = sum(start - t0 <= x < end - t0 for o in outs for x in o.token_times)
     return counted / window_s, turned_away
 

@@ -166,11 +166,16 @@ def test_the_clients_own_lag_is_how_late_it_sent_each_jobs_first_call() -> None:
 
 
 async def _paced_chat_server(
-    tokens: int, interval: float, bodies: list[dict] | None = None, reject_rule: str | None = None
+    tokens: int,
+    interval: float,
+    bodies: list[dict] | None = None,
+    reject_rule: str | None = None,
+    then_error: bytes | None = None,
 ) -> asyncio.AbstractServer:
     """An OpenAI-shaped streaming chat endpoint: `tokens` content chunks, one per `interval`, then usage;
     each request's JSON body is appended to `bodies`. With `reject_rule`, every request gets our router's
-    admission 429 instead (OpenAI error body, Retry-After, X-JITServe-Rejection: the rule)."""
+    admission 429 instead (OpenAI error body, Retry-After, X-JITServe-Rejection: the rule). With
+    `then_error`, that SSE event and [DONE] follow the content chunks instead of a finish and usage."""
 
     def event(doc: dict) -> bytes:
         return b"data: " + json.dumps(doc).encode() + b"\n\n"
@@ -201,13 +206,14 @@ async def _paced_chat_server(
         base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
         try:
             for i in range(tokens):
-                finish = "length" if i == tokens - 1 else None
+                finish = "length" if i == tokens - 1 and then_error is None else None
                 delta = {"index": 0, "delta": {"content": " t"}, "finish_reason": finish}
                 writer.write(event({**base, "choices": [delta]}))
                 await writer.drain()
                 await asyncio.sleep(interval)
             usage = {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}
-            writer.write(event({**base, "choices": [], "usage": usage}) + b"data: [DONE]\n\n")
+            last = then_error if then_error is not None else event({**base, "choices": [], "usage": usage})
+            writer.write(last + b"data: [DONE]\n\n")
             await writer.drain()
         except ConnectionError:
             pass  # the client cancelled the stream
@@ -620,6 +626,33 @@ def test_a_rejection_is_counted_under_the_rule_our_router_names() -> None:
     assert stacks.score_run([out], mix, stacks.Shape(), cutoff_s=10.0)["latency"].rejected_by == {"other": 1}
     data["runs"][0]["classes"] = stacks.run_summary(stacks.score_run([], mix, stacks.Shape(), 10.0), 10.0)
     assert stacks.rejections_table(data) == ""
+
+
+def test_an_error_event_inside_the_stream_is_a_drop_with_its_message() -> None:
+    """run_trace against the stub streaming two tokens and then our router's own drop event (the real
+    `RouterError` the router's relay sends when an engine drops a request): the call is a drop that
+    keeps its tokens and the router's message; a finished stream next to it is not."""
+    from jitserve.router.errors import unavailable
+
+    drop = unavailable("request dropped: not started within its waiting_time of 5s", "waiting_time_exceeded")
+    mix = stacks.MIXES["paper"]
+    jobs = [demo.Job(0, "latency", 0.0, (demo.Call("a b c", 4),))]
+
+    async def main(then_error: bytes | None) -> stacks.JobOut:
+        server = await _paced_chat_server(tokens=2, interval=0.01, then_error=then_error)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            (out,) = await stacks.run_trace(
+                f"http://127.0.0.1:{port}", "m", jobs, stacks.StackSpec("d", "d", "jitserve", "jitserve"),
+                mix, stacks.Shape(), 5.0, "t", None, 0.0,
+            )  # fmt: skip
+            return out
+
+    dropped = asyncio.run(main(drop.sse_event())).calls[0]
+    assert (dropped.reason, dropped.finished, len(dropped.token_times)) == ("dropped", False, 2)
+    assert dropped.detail == "request dropped: not started within its waiting_time of 5s"
+    finished = asyncio.run(main(None)).calls[0]
+    assert (finished.reason, finished.finished, finished.tokens) == ("", True, 2)
 
 
 @pytest.mark.parametrize("given", [[], ["--saturation", "57.6"], ["--slo-scale", "3.9"]])
