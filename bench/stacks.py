@@ -292,7 +292,7 @@ def replay_client(url: str, pool: int = 4000, keep_alive: int = 200, timeout_s: 
     chunk into pydantic objects, which kept the client's event loop 75% busy at 2x load on two cores that
     the engines under test already fill, and the client sent calls seconds after their arrival (docs/
     benchmarks/stacks.md, "The replay client fell behind its trace"). `vllm bench serve` streams with
-    plain HTTP for the same reason. The requests and replies are the OpenAI API's, as the SDK sends them."""
+    plain HTTP (aiohttp) too. The requests and replies are the OpenAI API's, as the SDK sends them."""
     import httpx
 
     return httpx.AsyncClient(
@@ -434,8 +434,9 @@ CLIENT_POOLS = 16
 
 def client_lag(outs: Sequence[JobOut]) -> dict[str, float | None]:
     """How late the client sent each job's first call after the job's arrival in the trace (seconds, p50
-    and p99): the replay's own fidelity. A client that falls behind delays every stack's requests alike
-    and turns its run into a different, burstier trace."""
+    and p99): the replay's own fidelity. A client that falls behind sends another, burstier trace than
+    the one given, and by how much depends on the stack it drives (docs/benchmarks/stacks.md, "The
+    replay client fell behind its trace")."""
     lags = [o.calls[0].sent - o.job.arrival for o in outs if o.calls]
     return {"p50": _pct(lags, 50), "p99": _pct(lags, 99)}
 
