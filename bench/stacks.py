@@ -285,7 +285,7 @@ class JobOut:
     calls: list[CallOut] = field(default_factory=list)
 
 
-def replay_client(url: str, pool: int = 4000, keep_alive: int = 200, timeout_s: float = 600.0) -> Any:
+def replay_client(url: str, keep_alive: int = 200, timeout_s: float = 600.0) -> Any:
     """The replay's HTTP client for one stack: plain `httpx` against its OpenAI endpoint.
 
     Not the `openai` SDK: it builds each request through its typed transforms and turns every streamed
@@ -299,7 +299,7 @@ def replay_client(url: str, pool: int = 4000, keep_alive: int = 200, timeout_s: 
         base_url=f"{url}/v1",
         headers={"authorization": "Bearer unused"},
         timeout=timeout_s,
-        limits=httpx.Limits(max_connections=pool, max_keepalive_connections=keep_alive),
+        limits=httpx.Limits(max_connections=4000, max_keepalive_connections=keep_alive),
     )
 
 

@@ -1,4 +1,8 @@
-"""End to end: every policy runs, results are deterministic, goodput goes through the core."""
+"""End to end: every policy runs, results are deterministic, goodput goes through the core.
+
+Nothing is mocked. One test wraps the simulated engine's `Engine.add` with monkeypatch only to record the
+requests the simulator releases (the engine itself runs unchanged), since the simulator has no hook that
+hands them out."""
 
 from __future__ import annotations
 
