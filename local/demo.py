@@ -419,6 +419,17 @@ def rejections_by_rule(results: Sequence[JobResult]) -> dict[str, int]:
     return counts
 
 
+def client_lag(results: Sequence[JobResult]) -> dict[str, float | None]:
+    """How late the client sent each job's first call after the job's arrival in the trace (seconds, p50
+    and p99): the replay's own fidelity. A client that falls behind sends another, burstier trace than the
+    one planned (docs/benchmarks/stacks.md, "The replay client fell behind its trace")."""
+    lags = sorted(r.calls[0].arrival - r.job.arrival for r in results if r.calls)
+    if not lags:
+        return {"p50": None, "p99": None}
+    pick = lambda q: lags[min(len(lags) - 1, math.ceil(q * len(lags)) - 1)]  # noqa: E731 (nearest rank)
+    return {"p50": pick(0.50), "p99": pick(0.99)}
+
+
 def total(scores: dict[str, ClassScore]) -> ClassScore:
     t = ClassScore()
     for s in scores.values():
@@ -687,6 +698,10 @@ def report(
                 f"rejected calls of {name}, by rule: "
                 + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
             )
+    lags = [client_lag(r) for r in results]
+    for name, lag in zip(names, lags, strict=True):
+        if lag["p50"] is not None:
+            print(f"client send lag of {name}: p50 {lag['p50']:.3f} s, p99 {lag['p99']:.3f} s")
     print(
         f"\nJITServe ({names[1]}) / {names[0]}: {_ratio(t_ours.goodput, t_base.goodput)} token goodput, "
         f"SLO attainment {t_ours.attainment:.0%} vs {t_base.attainment:.0%}"
@@ -711,6 +726,7 @@ def report(
         "scores": [{c: {**asdict(s), "attainment": s.attainment} for c, s in sc.items()} for sc in scores],
         "drop_reasons": reasons,
         "rejections_by_rule": rules,
+        "client_lag_s": lags,
         "ratio_total": t_ours.goodput / t_base.goodput if t_base.goodput else math.inf,
     }
     # the numbers first: they are the run's result, the plot only draws them

@@ -19,6 +19,7 @@ from jitserve.local.demo import (
     CallResult,
     Job,
     JobResult,
+    client_lag,
     drop_reasons,
     format_table,
     make_workload,
@@ -153,6 +154,20 @@ def test_drop_reasons_count_each_job_once() -> None:
         JobResult(_job("deadline", [5]), [CallResult(0.0, 10, [1.0] * 5, 1.0)]),
     ]
     assert drop_reasons(results) == {"rejected": 2, "timeout": 1}
+
+
+def test_the_client_lag_is_how_late_each_jobs_first_call_was_sent() -> None:
+    """Sent minus the job's arrival in the trace, first calls only (a later stage waits for the one
+    before it, by design), nearest-rank percentiles; a job never sent has no lag to report."""
+    jobs = [Job(i, "latency", float(i), (Call("a b", 2), Call("c d", 2))) for i in range(100)]
+    results = [
+        JobResult(j, [CallResult(j.arrival + 0.001 * j.index), CallResult(j.arrival + 50.0)]) for j in jobs
+    ]
+    results.append(JobResult(Job(100, "deadline", 3.0, (Call("e f", 2),)), []))
+    lag = client_lag(results)
+    assert lag["p50"] == pytest.approx(0.049)  # the 50th of 0.000 .. 0.099
+    assert lag["p99"] == pytest.approx(0.098)
+    assert client_lag([]) == {"p50": None, "p99": None}
 
 
 def test_rejections_are_counted_by_rule_and_later_stages_apart() -> None:
