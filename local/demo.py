@@ -426,8 +426,11 @@ def client_lag(results: Sequence[JobResult]) -> dict[str, float | None]:
     lags = sorted(r.calls[0].arrival - r.job.arrival for r in results if r.calls)
     if not lags:
         return {"p50": None, "p99": None}
-    pick = lambda q: lags[min(len(lags) - 1, math.ceil(q * len(lags)) - 1)]  # noqa: E731 (nearest rank)
-    return {"p50": pick(0.50), "p99": pick(0.99)}
+
+    def nearest_rank(q: float) -> float:
+        return lags[min(len(lags) - 1, math.ceil(q * len(lags)) - 1)]
+
+    return {"p50": nearest_rank(0.50), "p99": nearest_rank(0.99)}
 
 
 def total(scores: dict[str, ClassScore]) -> ClassScore:
