@@ -303,12 +303,15 @@ def replay_client(url: str, keep_alive: int = 200, timeout_s: float = 600.0) -> 
     )
 
 
-def _error_message(raw: bytes) -> str:
-    """An OpenAI error body's message (the text itself when it is not one)."""
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return raw.decode(errors="replace")[:300]
+def _error_message(raw: bytes | dict[str, Any]) -> str:
+    """An OpenAI error body's message (the text itself when it is not one); `raw` may be already parsed."""
+    if isinstance(raw, dict):
+        doc: Any = raw
+    else:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return raw.decode(errors="replace")[:300]
     err = doc.get("error") if isinstance(doc, dict) else None
     if isinstance(err, dict) and err.get("message"):
         return str(err["message"])
@@ -354,7 +357,7 @@ async def _stream(
                 now = time.monotonic() - t0
                 chunk = json.loads(data)
                 if "error" in chunk:  # an error event inside the stream
-                    out.reason, out.detail = "dropped", _error_message(data.encode())
+                    out.reason, out.detail = "dropped", _error_message(chunk)
                     return
                 usage = chunk.get("usage")
                 if usage:
@@ -437,8 +440,9 @@ def client_lag(outs: Sequence[JobOut]) -> dict[str, float | None]:
     and p99): the replay's own fidelity. A client that falls behind sends another, burstier trace than
     the one given, and by how much depends on the stack it drives (docs/benchmarks/stacks.md, "The
     replay client fell behind its trace")."""
-    lags = [o.calls[0].sent - o.job.arrival for o in outs if o.calls]
-    return {"p50": _pct(lags, 50), "p99": _pct(lags, 99)}
+    from jitserve.local.demo import lag_percentiles
+
+    return lag_percentiles([o.calls[0].sent - o.job.arrival for o in outs if o.calls])
 
 
 async def run_trace(

@@ -419,18 +419,20 @@ def rejections_by_rule(results: Sequence[JobResult]) -> dict[str, int]:
     return counts
 
 
+def lag_percentiles(lags: Sequence[float]) -> dict[str, float | None]:
+    """p50 and p99 of a client's send lags (nearest rank, to the millisecond; None without any), as the
+    demo and the stacks benchmark both report them (`client_lag_s`)."""
+    ys = sorted(lags)
+    if not ys:
+        return {"p50": None, "p99": None}
+    return {f"p{q}": round(ys[min(len(ys) - 1, math.ceil(q / 100 * len(ys)) - 1)], 3) for q in (50, 99)}
+
+
 def client_lag(results: Sequence[JobResult]) -> dict[str, float | None]:
     """How late the client sent each job's first call after the job's arrival in the trace (seconds, p50
     and p99): the replay's own fidelity. A client that falls behind sends another, burstier trace than the
     one planned (docs/benchmarks/stacks.md, "The replay client fell behind its trace")."""
-    lags = sorted(r.calls[0].arrival - r.job.arrival for r in results if r.calls)
-    if not lags:
-        return {"p50": None, "p99": None}
-
-    def nearest_rank(q: float) -> float:
-        return lags[min(len(lags) - 1, math.ceil(q * len(lags)) - 1)]
-
-    return {"p50": nearest_rank(0.50), "p99": nearest_rank(0.99)}
+    return lag_percentiles([r.calls[0].arrival - r.job.arrival for r in results if r.calls])
 
 
 def total(scores: dict[str, ClassScore]) -> ClassScore:
