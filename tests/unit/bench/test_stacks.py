@@ -706,3 +706,86 @@ def test_a_run_stops_when_an_engine_plans_another_frame_than_it_records() -> Non
         stacks.Fleet.check_frames(SimpleNamespace(sets={}, up=fleet.up), 13)  # no JITServe set: no check
     finally:
         server.shutdown()
+
+
+def test_each_engine_set_is_warmed_once_through_its_first_stack_before_anything_is_measured() -> None:
+    """warm_sets against paced stub servers (one per stack, standing in for a stack's router; a namespace
+    stands in for the Fleet, which would start engines): each engine set gets full load through the first
+    of its stacks only, for the seconds given, and the rate it read is kept per set; 0 s warms nothing."""
+    import threading
+    from types import SimpleNamespace
+
+    specs = [
+        stacks.StackSpec("a-rr", "x", "vllm", "round_robin"),
+        stacks.StackSpec("a-ca", "x", "vllm", "cache_aware"),
+        stacks.StackSpec("d", "x", "jitserve", "jitserve"),
+    ]
+    bodies: dict[str, list[dict]] = {s.key: [] for s in specs}
+
+    async def main(seconds: float) -> dict[str, float]:
+        servers = [await _paced_chat_server(tokens=4, interval=0.05, bodies=bodies[s.key]) for s in specs]
+        ports = [srv.sockets[0].getsockname()[1] for srv in servers]
+        urls = {s.key: f"http://127.0.0.1:{port}" for s, port in zip(specs, ports, strict=True)}
+        fleet = SimpleNamespace(urls=urls, all_engine_urls=lambda: [])
+        try:
+            # warm_sets runs its own event loops (as main does): off this one's thread
+            return await asyncio.to_thread(stacks.warm_sets, fleet, specs, "m", 2, seconds, threading.Event())
+        finally:
+            for srv in servers:
+                srv.close()
+
+    t = time.monotonic()
+    rates = asyncio.run(main(0.6))
+    assert time.monotonic() - t >= 0.6  # the load lasted the seconds given
+    assert set(rates) == {"vllm", "jitserve"} and all(r > 0 for r in rates.values())
+    assert bodies["a-rr"] and bodies["d"] and not bodies["a-ca"]  # a-ca shares a-rr's engines
+    assert all(b["slo_class"] == "best-effort" for b in bodies["a-rr"])  # never dropped while warming
+    bodies["a-rr"].clear()
+    assert asyncio.run(main(0.0)) == {} and not bodies["a-rr"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [("--calibration-rounds", "0", "must be >= 1, got 0"), ("--warm-up-s", "-1", "must be >= 0, got -1")],
+)
+def test_calibration_flags_out_of_range_name_the_flag_and_the_rule(flag, value, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        stacks.parse_args([flag, value])
+    assert exit_info.value.code == 2 and f"{flag}: {message}" in capsys.readouterr().err
+
+
+def test_saturation_is_the_median_of_its_windows_with_a_batch_waiting_behind_every_slot() -> None:
+    """calibrate against a paced stub server (standing in for a-rr's router; a namespace for the Fleet):
+    it keeps twice the slots' calls open (plus the closed loop's few spare clients), measures
+    --calibration-rounds windows and takes their median as the saturation, recording each window."""
+    import threading
+    from types import SimpleNamespace
+
+    class Stamped(list):
+        def append(self, body: dict) -> None:
+            super().append(time.monotonic())
+
+    received = Stamped()
+    spec = stacks.StackSpec("a-rr", "x", "vllm", "round_robin")
+    args = SimpleNamespace(
+        engines=2, max_num_seqs=2, slo_scale=1.0, saturation=None, length_scale=None, deadline_scale=1 / 3,
+        calibration_rounds=3, calibration_s=0.5,
+    )  # fmt: skip
+
+    async def main() -> dict:
+        server = await _paced_chat_server(tokens=20, interval=0.05, bodies=received)  # 1 s per call
+        fleet = SimpleNamespace(urls={"a-rr": f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"})
+        fleet.all_engine_urls = lambda: []
+        async with server:
+            return await asyncio.to_thread(
+                stacks.calibrate, args, fleet, [spec], "m", ["paper"], [1.5], threading.Event()
+            )
+
+    cal = asyncio.run(main())
+    sat = cal["saturation"]
+    assert len(sat["windows_tokens_per_s"]) == 3 and sat["calls_open"] == 8  # 2 engines x 2 slots x 2
+    assert sat["tokens_per_s"] == sorted(sat["windows_tokens_per_s"])[1]
+    # the first window's clients all start at once, each call lasting a second: 8 open + 2 spare
+    assert sum(t - received[0] < 0.5 for t in received) == 10
+    per_job = stacks.mean_job_tokens(stacks.MIXES["paper"], stacks.Shape(**cal["shape"]))
+    assert cal["rates"]["paper"]["1.5"] == pytest.approx(1.5 * sat["tokens_per_s"] / per_job)
