@@ -1783,23 +1783,12 @@ def warm_sets(
     first: dict[str, StackSpec] = {}
     for spec in started:
         first.setdefault(spec.engines, spec)
+    alone = {"freeze_idle": freeze_idle}
     for spec in first.values():
         _say(f"warming engine set {spec.engines} through {spec.key} ({seconds:g} s of full load)...")
         measure = demo.measure_capacity(fleet.urls[spec.key], model, concurrency, 0.0, seconds)
-        alone = {"freeze_idle": freeze_idle}
         rate, _ = _alone(fleet, spec, alone, lambda m=measure: asyncio.run(demo.until_stopped(m, stop)))
         rates[spec.engines] = round(rate, 1)
-    read = ", ".join(f"{k} {v}" for k, v in rates.items())
-    _say(f"engine sets warmed; output tokens/s while warming: {read}")
-    return rates
-    first: dict[str, StackSpec] = {}
-    for spec in started:
-        first.setdefault(spec.engines, spec)
-    for spec in first.values():
-        _say(f"warming engine set {spec.engines} through {spec.key} ({seconds:g} s of full load)...")
-        measure = demo.measure_capacity(fleet.urls[spec.key], model, concurrency, 0.0, seconds)
-        rates[spec.engines] = round(asyncio.run(demo.until_stopped(measure, stop)), 1)
-    prepare(fleet.all_engine_urls())
     read = ", ".join(f"{k} {v}" for k, v in rates.items())
     _say(f"engine sets warmed; output tokens/s while warming: {read}")
     return rates
