@@ -47,8 +47,8 @@ Load: 1.0x is the stock stack's saturation, measured once on a-rr, alone as each
 demo`'s closed loop with a batch's worth of calls waiting at every engine, the shaped requests of the
 paper mix: output tokens/s, the median of `--calibration-rounds` windows), divided by the mix's mean
 output tokens per (shaped) job. Every engine set first serves `--warm-up-s` of full load, unmeasured.
-Before run 84 the calibration ran beside the idle sets, on a cold set, with few calls queued, and read
-a fifth to a quarter low: the loads of runs up to 83 were lighter than their labels. For each seed, mix
+Before run 84 the calibration ran beside the idle sets and on a cold set, and read about a fifth low:
+the loads of runs up to 83 were lighter than their labels. For each seed, mix
 and load, one seeded trace (Poisson arrivals for `--duration` s) goes to every stack back to back, in an
 order that rotates from cell to cell. A run ends at `--duration`: what is still streaming is cancelled,
 except the scored best-effort jobs, which may run on for `--best-effort-drain` s (their SLO is a 300 s
@@ -1823,10 +1823,9 @@ def calibrate(
     windows: list[float] = []
     if sat is None:
         calls = [c for j in make_jobs(MIXES["paper"], 5.0, 400.0, 99, shape) for c in j.calls]
-        # A batch's worth waits at every engine behind the running one. With only a few clients beyond
-        # the slots, round robin often left an engine's queue empty (clients sent their next call to the
-        # other engine): 16 slots read 43-62 output tokens/s where twice the clients read 57-65, and the
-        # runs then delivered more than the "saturation" they were offered multiples of. The median of a
+        # A batch's worth waits at every engine behind the running one: with only a few clients beyond
+        # the slots, round robin can leave an engine's queue empty (its clients' next calls went to the
+        # other engine), and a standing queue is how the open-loop runs load the stacks. The median of a
         # few windows: one 20 s window moved by a fifth from the next (docs/decisions/core.md,
         # "Saturation is measured alone, with a queue at every engine, on warm engines").
         depth = SATURATION_QUEUE_DEPTH * conc
