@@ -90,7 +90,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -1760,6 +1760,23 @@ def _say(message: str) -> None:
 SATURATION_QUEUE_DEPTH = 2  # calls open per batch slot while saturation is measured: a full batch waits
 
 
+def _rate_alone(
+    fleet: Fleet,
+    spec: StackSpec,
+    freeze_idle: bool,
+    measure: Coroutine[Any, Any, float],
+    stop: threading.Event,
+) -> float:
+    """The output tokens/s a closed-loop `measure` reads on `spec`'s set, alone and idle as a run is
+    (`_alone`); `stop` ends it early."""
+    from jitserve.local import demo
+
+    rate, _ = _alone(
+        fleet, spec, {"freeze_idle": freeze_idle}, lambda: asyncio.run(demo.until_stopped(measure, stop))
+    )
+    return rate
+
+
 def warm_sets(
     fleet: Fleet,
     started: Sequence[StackSpec],
@@ -1783,12 +1800,10 @@ def warm_sets(
     first: dict[str, StackSpec] = {}
     for spec in started:
         first.setdefault(spec.engines, spec)
-    alone = {"freeze_idle": freeze_idle}
     for spec in first.values():
         _say(f"warming engine set {spec.engines} through {spec.key} ({seconds:g} s of full load)...")
         measure = demo.measure_capacity(fleet.urls[spec.key], model, concurrency, 0.0, seconds)
-        rate, _ = _alone(fleet, spec, alone, lambda m=measure: asyncio.run(demo.until_stopped(m, stop)))
-        rates[spec.engines] = round(rate, 1)
+        rates[spec.engines] = round(_rate_alone(fleet, spec, freeze_idle, measure, stop), 1)
     read = ", ".join(f"{k} {v}" for k, v in rates.items())
     _say(f"engine sets warmed; output tokens/s while warming: {read}")
     return rates
@@ -1811,16 +1826,16 @@ def calibrate(
     cal = next((s for s in specs if s.engines == "vllm"), specs[0])
     conc = args.engines * args.max_num_seqs
     demo_sat = None
-    alone = {"freeze_idle": args.freeze_idle}  # idle sets frozen, as in the runs the load is set for
     if args.slo_scale is None:
         _say(f"measuring stock saturation on {cal.key}, demo-sized requests ({args.calibration_s:g} s)...")
         measure = demo.measure_capacity(fleet.urls[cal.key], model, conc, 5.0, args.calibration_s)
-        demo_sat, _ = _alone(fleet, cal, alone, lambda m=measure: asyncio.run(demo.until_stopped(m, stop)))
+        demo_sat = _rate_alone(fleet, cal, args.freeze_idle, measure, stop)  # alone, as the runs it sets
     step = conc / demo_sat if demo_sat else None
     scale = args.slo_scale or demo.slo_scale_for(step or 0.0)
     shape = Shape(scale, args.length_scale or 1.0 / scale, args.deadline_scale)
     sat = args.saturation
     windows: list[float] = []
+    depth = SATURATION_QUEUE_DEPTH * conc
     if sat is None:
         calls = [c for j in make_jobs(MIXES["paper"], 5.0, 400.0, 99, shape) for c in j.calls]
         # A batch's worth waits at every engine behind the running one: with only a few clients beyond
@@ -1828,7 +1843,6 @@ def calibrate(
         # other engine), and a standing queue is how the open-loop runs load the stacks. The median of a
         # few windows: one 20 s window moved by a fifth from the next (docs/decisions/core.md,
         # "Saturation is measured alone, with a queue at every engine, on warm engines").
-        depth = SATURATION_QUEUE_DEPTH * conc
         ramp = min(5.0, args.calibration_s / 4)  # uncounted: the clients' first calls start together
         for i in range(args.calibration_rounds):
             _say(
@@ -1836,8 +1850,7 @@ def calibrate(
                 f"({args.calibration_s:g} s, window {i + 1} of {args.calibration_rounds})..."
             )
             measure = measure_shaped(fleet.urls[cal.key], model, calls, depth, ramp, args.calibration_s)
-            rate, _ = _alone(fleet, cal, alone, lambda m=measure: asyncio.run(demo.until_stopped(m, stop)))
-            windows.append(round(rate, 1))
+            windows.append(round(_rate_alone(fleet, cal, args.freeze_idle, measure, stop), 1))
         sat = statistics.median(windows)
     _say(
         f"stock saturation: demo-sized requests {demo_sat or 0:.1f} output tokens/s "
@@ -1859,7 +1872,7 @@ def calibrate(
             "step_ms": (step or 0) * 1000,
             "measured_on": cal.key,
             "windows_tokens_per_s": windows,  # each calibration window (empty: --saturation given)
-            "calls_open": SATURATION_QUEUE_DEPTH * conc if windows else None,
+            "calls_open": depth if windows else None,
         },
         "slo_scale": scale,
         "shape": asdict(shape),
