@@ -141,6 +141,12 @@ class Pool:
                 states.append(s)
         return out_reps, states
 
+    def states(self, model: str) -> list[ReplicaState]:
+        """The placement states of every replica that may take requests for `model` (O(replicas))."""
+        now_mono, now_wall = self.clock(), time.time()
+        out = (r.placement_state(now_wall, now_mono, self.defaults) for r in self.serving(model))
+        return [s for s in out if s is not None]
+
     def health_counts(self) -> dict[str, int]:
         now = self.clock()
         counts = {h.value: 0 for h in Health}

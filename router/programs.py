@@ -7,6 +7,8 @@ added to the history. Without a match the store falls back to a uniform split ov
 `program_stages` (if given) or the typical stage count. Two guards of the router's own:
 - a stage never gets less than an even split of what is left of D (a stage that starts late must
   not inherit a sub-deadline that has already passed while the program as a whole can still finish);
+- what is left of D is first cut by each later stage's expected wait for a slot on a just-in-time
+  engine (the reserved delay its replicas report), so the stages before it finish early enough;
 - a per-stage class with unknown stage count grows D by its per-stage budget at every new stage.
 
 Stages: calls that start while another call of the program is still open run in parallel and share
@@ -123,8 +125,10 @@ class ProgramTracker:
         per_stage: float | None,
         model: str = "",
         input_len: int = 0,
+        slot_wait_s: float = 0.0,
     ) -> StageDeadline:
-        """Register a new call of the program and return its stage and sub-deadline."""
+        """Register a new call of the program and return its stage and sub-deadline. `slot_wait_s`: how long
+        a later stage is expected to wait for a slot once at stake (`guard_late_stage`)."""
         self.expire(now)
         prog = self._programs.get(program_id)
         if prog is None:
@@ -160,7 +164,7 @@ class ProgramTracker:
             n_left = 1
         if prog.stages_hint is not None:
             n_left = max(prog.stages_hint - s, 1)
-        deadline = guard_late_stage(deadline, prog.deadline_abs, now, n_left)
+        deadline = guard_late_stage(deadline, prog.deadline_abs, now, n_left, slot_wait_s)
         stake = stage_stake(prog.goodput_so_far, s, n_left, slo.weights.input * input_len)
         return StageDeadline(s, deadline, prog.deadline_abs, stake, source)
 

@@ -3,6 +3,7 @@ compound program's stage plan."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -90,9 +91,16 @@ def resolve_fields(fields: dict[str, Any], table: Any, program_stages: int | Non
 
 
 def stage_plan(
-    programs: ProgramTracker, inbound: Inbound, slo_class: str, slo: SLO, now: float, per_stage: float | None
+    programs: ProgramTracker,
+    inbound: Inbound,
+    slo_class: str,
+    slo: SLO,
+    now: float,
+    per_stage: float | None,
+    slot_wait: Callable[[str], float] = lambda model: 0.0,
 ) -> StageDeadline | None:
-    """A compound program's next stage (sub-deadline, program goodput so far), or None."""
+    """A compound program's next stage (sub-deadline, program goodput so far), or None. `slot_wait(model)`:
+    how long a stage of that model waits for a slot once at stake (asked only for a compound stage)."""
     if inbound.program_id is None or slo.type is not SLOType.COMPOUND:
         return None
     return programs.begin_stage(
@@ -104,4 +112,5 @@ def stage_plan(
         per_stage,
         model=inbound.model,
         input_len=inbound.input_len,
+        slot_wait_s=slot_wait(inbound.model),
     )

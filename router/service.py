@@ -42,6 +42,7 @@ from jitserve.router.status import status
 from jitserve.router.upstream import make_poll_session, make_session
 from jitserve.scheduler.analyzer.patterns import PatternStore
 from jitserve.scheduler.goodput import RequestRecord
+from jitserve.scheduler.placement import stage_slot_wait
 from jitserve.scheduler.requests import NewRequest
 from jitserve.scheduler.slo import SLOType
 
@@ -160,7 +161,10 @@ class Router:
         check_model(inbound.model, self.pool.models() | self.config.served_models)
         slo_class, slo, overload, per_stage = self.resolver.resolve(inbound)
         self.metrics.child(self.metrics.requests, kind, slo_class).inc()
-        plan = stage_plan(self.programs, inbound, slo_class, slo, arrival, per_stage)
+        plan = stage_plan(
+            self.programs, inbound, slo_class, slo, arrival, per_stage,
+            slot_wait=lambda model: stage_slot_wait(self.pool.states(model)),
+        )  # fmt: skip
         max_tokens = inbound.max_tokens or self.config.default_max_tokens
         request_id = request.headers.get("x-request-id") or f"{self._id_prefix}{next(self._ids):x}"
         new = NewRequest(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -143,6 +144,17 @@ class ReplicaState(BaseModel):
         lengths): the delay spread over the requests it counts. None when the report counts no queue."""
         ahead = requests_ahead(self.running, self.waiting, self.batch_size)
         return self.queue_delay_s / ahead if ahead and self.queue_delay_s > 0 else None
+
+
+def stage_slot_wait(states: Iterable[ReplicaState]) -> float:
+    """How long a compound program's later stage is expected to wait for a slot once it is at stake: the
+    mean reserved delay of the replicas that reserve (just-in-time engines). The mean, not the shortest:
+    which replica a later stage lands on is decided when it arrives, and the stages at stake on arrival
+    waited longer than the shortest report (docs/decisions/core.md, "Later stages' waits come out of the
+    plan"). 0.0 when none reserves: an engine that serves in arrival order starts each stage as soon as
+    it can, and its sub-deadlines need no room for a wait (`guard_late_stage`)."""
+    waits = [s.reserved_delay_s() for s in states if s.reserved_waiting is not None]
+    return sum(waits) / len(waits) if waits else 0.0
 
 
 def requests_ahead(running: int, waiting: int, batch_size: int) -> int:

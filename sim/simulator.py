@@ -22,7 +22,7 @@ from jitserve.scheduler.analyzer.patterns import guard_late_stage
 from jitserve.scheduler.contracts.replica_report import assemble_replica_state
 from jitserve.scheduler.gmax import GMAXParams
 from jitserve.scheduler.goodput import RequestRecord, stage_stake
-from jitserve.scheduler.placement import ReplicaState, place
+from jitserve.scheduler.placement import ReplicaState, place, stage_slot_wait
 from jitserve.scheduler.requests import SLO_TYPE_CODE, NewRequest
 from jitserve.scheduler.slo import SLOType
 from jitserve.sim.engine import CallInfo, Engine, EngineConfig, Finished
@@ -89,11 +89,13 @@ def sub_deadline(program: Program, stage: int, mode: str, v_token: float, prefil
     return program.arrival + phi * d
 
 
-def router_stage_guard(deadline: float, program: Program, stage: int, now: float) -> float:
+def router_stage_guard(
+    deadline: float, program: Program, stage: int, now: float, slot_wait_s: float = 0.0
+) -> float:
     """The router's guard on a stage's sub-deadline (`guard_late_stage`, as `router/programs.py` calls
-    it), over the program's expected stage count."""
+    it), over the program's expected stage count, with the replicas' expected wait for a slot."""
     end = program.arrival + float(program.slo.deadline or 0.0)
-    return guard_late_stage(deadline, end, now, math.ceil(program.expected_stages) - stage)
+    return guard_late_stage(deadline, end, now, math.ceil(program.expected_stages) - stage, slot_wait_s)
 
 
 class Cluster:
@@ -189,6 +191,13 @@ class Cluster:
             cached = (key, replica_state(e, now))
             self._states[i] = cached
         return cached[1]
+
+    def stage_slot_wait(self, now: float) -> float:
+        """What the router budgets for a later stage's wait for a slot (`stage_slot_wait`), from the
+        replicas' reports; 0.0 without power-of-K placement, whose reports the router would not read."""
+        if self.placement != "power-of-k":
+            return 0.0
+        return stage_slot_wait(self._state(i, now) for i in range(len(self.engines)))
 
     def _least_load(self) -> int:
         loads = [_load(e) for e in self.engines]
@@ -288,7 +297,7 @@ def simulate(
         st.pending = len(stage.calls)
         deadline = cluster._subdeadline(prog, stage_idx, deadline_mode, cluster.v_token, cluster.prefill_rate)
         if prog.slo_type is SLOType.COMPOUND and prog.slo.deadline is not None:
-            deadline = router_stage_guard(deadline, prog, stage_idx, now)
+            deadline = router_stage_guard(deadline, prog, stage_idx, now, cluster.stage_slot_wait(now))
         compound = prog.slo_type is SLOType.COMPOUND
         left = math.ceil(prog.expected_stages) - stage_idx  # the router's count, as its guard above
         for j, call in enumerate(stage.calls):

@@ -278,13 +278,29 @@ def plan_from_phi(
     return StagePlan(phi, sub, deadline, source, similarity, matched_slot)
 
 
-def guard_late_stage(deadline_abs: float, program_end: float, now: float, stages_left: int) -> float:
+def guard_late_stage(
+    deadline_abs: float, program_end: float, now: float, stages_left: int, slot_wait_s: float = 0.0
+) -> float:
     """A stage's absolute sub-deadline, never below an even split of what is left of the program's
     deadline over its remaining stages (`stages_left`, this one included) and never past that deadline.
     A stage that starts late must not inherit a sub-deadline that has already passed while the program
-    as a whole can still finish. The router applies it to every stage; the simulator does too."""
+    as a whole can still finish. The router applies it to every stage; the simulator does too.
+
+    `slot_wait_s`: how long a stage waits for a slot once it is at stake (a just-in-time engine's reserved
+    delay, `ReplicaState.reserved_delay_s`). The plan's shares assume each later stage starts the moment it
+    arrives; a just-in-time engine starts a stage only once it is behind, so each later stage will wait that
+    long too. Those waits come out of what is left before the shares are split: this stage's share of the
+    rest shrinks by that factor (docs/decisions/core.md, "Later stages' waits come out of the plan"). The
+    waits never take more than all but an even split of what is left: past that the program is late anyway.
+    """
+    if slot_wait_s < 0 or math.isnan(slot_wait_s):
+        raise ValueError(f"slot_wait_s: must be a number >= 0, got {slot_wait_s}")
+    n = max(stages_left, 1)
     remaining = max(program_end - now, 0.0)
-    return min(max(deadline_abs, now + remaining / max(stages_left, 1)), program_end)
+    work = max(remaining - (n - 1) * slot_wait_s, remaining / n)
+    if remaining > 0 and work < remaining:
+        deadline_abs = now + max(deadline_abs - now, 0.0) * (work / remaining)
+    return min(max(deadline_abs, now + work / n), program_end)
 
 
 def uniform_plan(stages: int, deadline: float) -> StagePlan:

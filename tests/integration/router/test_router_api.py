@@ -4,12 +4,13 @@ engine receives, auth, status and metrics. (Real-engine SDK tests: test_router_r
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import httpx
 import openai
 import pytest
-from router_fakes import MODEL, FakeEngine, RunningRouter
+from router_fakes import MODEL, FakeEngine, RunningRouter, idle_state
 
 MSG = [{"role": "user", "content": "hello"}]
 
@@ -154,6 +155,36 @@ def test_program_calls_get_growing_sub_deadlines_and_program_goodput(routed) -> 
     assert [round(s, -1) for s in stage] == [20, 40, 60]
     assert all(55 < p <= 60 for p in program)
     assert goodput[1] > 0 and goodput[1] == pytest.approx(goodput[2])
+
+
+def test_a_program_on_just_in_time_engines_budgets_each_later_stages_wait(
+    start_router: Callable[..., RunningRouter],
+) -> None:
+    """Engines report a reservation: a stage at stake waits 2 s for a slot on one, 4 s on the other. The
+    router budgets their mean, 3 s, for each later stage, so stage 0 of three (D = 60 s) ends before its
+    even 20 s by 2 x 3 s x 20 / 60; stage 1 by one wait; the last stage gets the rest."""
+    full = dict(running=8, waiting=8, queue_delay_s=9.0, yieldable=0)  # a slot turn is 1 s
+    a = FakeEngine("a", state=idle_state("a", **full, reserved_waiting=1)).start()
+    b = FakeEngine("b", state=idle_state("b", **full, reserved_waiting=3)).start()
+    try:
+        r = start_router("--engines", f"{a.url},{b.url}", ready=2)
+        for _ in range(3):
+            polls = a.state_polls + b.state_polls
+            while a.state_polls + b.state_polls < polls + 4:  # fresh reports: no dispatch counted in them yet
+                time.sleep(0.02)
+            body = {"model": MODEL, "prompt": "step", "max_tokens": 2, "program_id": "p", "program_stages": 3}
+            assert post(r, "/v1/completions", json.dumps(body)).status_code == 200
+        got = sorted(
+            (g["vllm_xargs"]["stage_deadline"], g["vllm_xargs"]["deadline"]) for g in a.received + b.received
+        )
+    finally:
+        a.stop()
+        b.stop()
+    (s0, d), (s1, _), (s2, _) = got
+    # relative to the program's arrival, within the few tenths of a second the three calls took
+    assert s0 == pytest.approx(20.0 * (60.0 - 2 * 3.0) / 60.0, abs=0.3)
+    assert s1 == pytest.approx(40.0 * (60.0 - 3.0) / 60.0, abs=0.3)
+    assert s2 == pytest.approx(d, abs=0.3) and 59 < d <= 60
 
 
 def test_status_and_metrics_report_per_class_goodput(routed) -> None:

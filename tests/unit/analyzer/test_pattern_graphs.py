@@ -17,6 +17,7 @@ from jitserve.scheduler.analyzer.patterns import (
     PatternNode,
     PatternStore,
     StageFeatures,
+    guard_late_stage,
     k_medoids,
     oracle_plan,
     phi_from_stage_times,
@@ -328,3 +329,28 @@ def test_graph_distance_is_zero_to_itself_and_one_across_apps():
     d = store.distance_matrix(np.arange(3))
     np.testing.assert_allclose(np.diag(d), 0.0, atol=1e-12)
     assert d[0, 1] == pytest.approx(0.0) and d[0, 2] == pytest.approx(1.0)
+
+
+def test_later_stages_waits_for_a_slot_come_out_of_what_is_left_before_it_is_split():
+    """A stage's sub-deadline leaves each later stage its expected wait for a slot: the plan's share of the
+    rest shrinks by (what is left - the waits) / what is left (docs/decisions/core.md, "Later stages'
+    waits come out of the plan")."""
+    # no wait: the plan stands (D = 60 s, three stages, stage 0 planned to end at 30 s)
+    assert guard_late_stage(30.0, 60.0, 0.0, 3) == 30.0
+    assert guard_late_stage(30.0, 60.0, 0.0, 3, slot_wait_s=0.0) == 30.0
+    # two later stages wait 5 s each: 50 s of work are left to split, so stage 0 ends at 30 x 50 / 60
+    assert guard_late_stage(30.0, 60.0, 0.0, 3, slot_wait_s=5.0) == pytest.approx(25.0)
+    # the same from a later start: only what is left is scaled (stage 1 of 3 at 20 s, planned for 45 s)
+    assert guard_late_stage(45.0, 60.0, 20.0, 2, slot_wait_s=4.0) == pytest.approx(20.0 + 25.0 * 36.0 / 40.0)
+    # the even-split floor is taken of the work left, not of what the waits take: 16 s / 2 after 4 s of wait
+    assert guard_late_stage(21.0, 60.0, 40.0, 2, slot_wait_s=4.0) == pytest.approx(48.0)
+    # waits beyond all but an even split are capped there: the stage keeps half of the 10 s left
+    assert guard_late_stage(55.0, 60.0, 50.0, 2, slot_wait_s=100.0) == pytest.approx(52.5)
+    # the last stage waits for no one after it: it gets everything left
+    assert guard_late_stage(50.0, 60.0, 40.0, 1, slot_wait_s=30.0) == 60.0
+
+
+@pytest.mark.parametrize("wait", [-1.0, float("nan")])
+def test_a_negative_or_missing_slot_wait_names_the_argument(wait):
+    with pytest.raises(ValueError, match="slot_wait_s: must be a number >= 0"):
+        guard_late_stage(30.0, 60.0, 0.0, 3, slot_wait_s=wait)

@@ -3,7 +3,7 @@
 import numpy as np
 
 from jitserve.scheduler.gmax import GMAXParams
-from jitserve.scheduler.placement import Rejection, ReplicaState, ShortReplyRule, place
+from jitserve.scheduler.placement import Rejection, ReplicaState, ShortReplyRule, place, stage_slot_wait
 from jitserve.scheduler.requests import NewRequest
 from jitserve.scheduler.slo import SLO
 
@@ -298,6 +298,18 @@ def test_reserved_delay_counts_the_reserved_work_ahead_and_what_can_yield():
     assert replica("a", **full, reserved_waiting=1, yieldable=0).reserved_delay_s() == 2.0
     assert replica("a", **full, reserved_waiting=1, yieldable=2).reserved_delay_s() == 0.0
     assert replica("a", **full, reserved_waiting=30, yieldable=0).reserved_delay_s() == 9.0  # capped
+
+
+def test_a_later_stage_is_budgeted_the_mean_reserved_delay_of_the_replicas_that_reserve():
+    """Which replica a later stage lands on is decided when it arrives: its expected wait is the mean
+    reserved delay; an engine that reports no reservation serves in arrival order and adds no wait."""
+    full = dict(running=8, waiting=8, queue_delay_s=9.0)  # a slot turn is 1 s
+    jit_a = replica("a", **full, reserved_waiting=1, yieldable=0)  # 2 s
+    jit_b = replica("b", **full, reserved_waiting=3, yieldable=0)  # 4 s
+    stock = replica("c", **full)  # no reservation: its 9 s queue is not a just-in-time wait
+    assert stage_slot_wait([jit_b, jit_a, stock]) == 3.0
+    assert stage_slot_wait([stock]) == 0.0
+    assert stage_slot_wait([]) == 0.0
 
 
 def test_a_request_the_engine_would_reserve_is_judged_where_reserved_work_starts():

@@ -149,6 +149,19 @@ def test_program_sub_deadlines_without_history_split_the_budget_and_never_lag() 
     assert p1.program_goodput == 15 + 2 * 15
 
 
+def test_a_program_budgets_its_later_stages_waits_for_a_slot() -> None:
+    """With replicas reporting a 4 s wait for a slot, the first of four stages (D = 40 s) ends before its
+    uniform 10 s: three later stages' waits come out first. The last stage waits for no stage after it."""
+    tracker = ProgramTracker(store=PatternStore())
+    slo = SLO.compound(stages=4, per_stage=10)
+    p0 = tracker.begin_stage("p", "compound", slo, 0.0, 4, None, input_len=10, slot_wait_s=4.0)
+    assert p0.deadline_abs == pytest.approx(10.0 * (40.0 - 3 * 4.0) / 40.0)
+    for _ in range(1, 4):
+        tracker.end_call("p", RequestRecord(slo, 0.0, 10, [1.0], finish=1.0), "m", started=0.0)
+        last = tracker.begin_stage("p", "compound", slo, 30.0, 4, None, input_len=10, slot_wait_s=4.0)
+    assert last.stage == 3 and last.deadline_abs == 40.0
+
+
 def test_a_deadline_too_small_for_the_clock_still_plans_a_stage() -> None:
     """A valid but tiny program deadline (1e-20 s) vanishes when added to a large clock reading; the
     pattern store must still get the program's positive budget, not the difference of absolute times

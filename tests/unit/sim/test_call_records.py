@@ -46,3 +46,13 @@ def test_a_late_stage_gets_an_even_share_of_what_is_left() -> None:
     # the last stage gets everything left, and never more than the program's deadline
     assert router_stage_guard(300.0, prog, 1, now=405.0) == pytest.approx(605.0)
     assert router_stage_guard(900.0, prog, 1, now=405.0) == pytest.approx(605.0)
+
+
+def test_the_simulated_router_budgets_a_later_stages_wait_as_the_router_does() -> None:
+    prog = _compound(0.0)  # arrival 5, deadline 600, two stages: ends at 605
+    # one later stage waits 100 s for a slot: 500 s of work left of 600, stage 0's planned 300 s scaled so
+    assert router_stage_guard(305.0, prog, 0, now=5.0, slot_wait_s=100.0) == pytest.approx(
+        5.0 + 300.0 * 500 / 600
+    )
+    # the last stage waits for no stage after it
+    assert router_stage_guard(305.0, prog, 1, now=405.0, slot_wait_s=100.0) == pytest.approx(605.0)
