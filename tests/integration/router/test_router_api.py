@@ -169,8 +169,9 @@ def test_a_program_on_just_in_time_engines_budgets_each_later_stages_wait(
     try:
         r = start_router("--engines", f"{a.url},{b.url}", ready=2)
         for _ in range(3):
-            polls = a.state_polls + b.state_polls
+            polls, give_up = a.state_polls + b.state_polls, time.monotonic() + 10.0
             while a.state_polls + b.state_polls < polls + 4:  # fresh reports: no dispatch counted in them yet
+                assert time.monotonic() < give_up, "the router stopped polling the engines' state"
                 time.sleep(0.02)
             body = {"model": MODEL, "prompt": "step", "max_tokens": 2, "program_id": "p", "program_stages": 3}
             assert post(r, "/v1/completions", json.dumps(body)).status_code == 200
