@@ -162,7 +162,9 @@ def test_a_program_on_just_in_time_engines_budgets_each_later_stages_wait(
 ) -> None:
     """Engines report a reservation: a stage at stake waits 2 s for a slot on one, 4 s on the other. The
     router budgets their mean, 3 s, for each later stage, so stage 0 of three (D = 60 s) ends before its
-    even 20 s by 2 x 3 s x 20 / 60; stage 1 by one wait; the last stage gets the rest."""
+    even 20 s by 2 x 3 s x 20 / 60; stage 1 by one wait; the last stage gets the rest. Each call carries
+    its times relative to when it was sent (`deadline`: what is left of D then), so each is checked
+    against what was left of D when it was sent, however long the calls took."""
     full = dict(running=8, waiting=8, queue_delay_s=9.0, yieldable=0)  # a slot turn is 1 s
     a = FakeEngine("a", state=idle_state("a", **full, reserved_waiting=1)).start()
     b = FakeEngine("b", state=idle_state("b", **full, reserved_waiting=3)).start()
@@ -181,11 +183,11 @@ def test_a_program_on_just_in_time_engines_budgets_each_later_stages_wait(
     finally:
         a.stop()
         b.stop()
-    (s0, d), (s1, _), (s2, _) = got
-    # relative to the program's arrival, within the few tenths of a second the three calls took
-    assert s0 == pytest.approx(20.0 * (60.0 - 2 * 3.0) / 60.0, abs=0.3)
-    assert s1 == pytest.approx(40.0 * (60.0 - 3.0) / 60.0, abs=0.3)
-    assert s2 == pytest.approx(d, abs=0.3) and 59 < d <= 60
+    (s0, left0), (s1, left1), (s2, left2) = got
+    # stage s's uniform plan ends at (s + 1) x 20 s of the program: left - (60 - 20 (s + 1)) from its send
+    assert s0 == pytest.approx((left0 - 40.0) * (left0 - 2 * 3.0) / left0, abs=0.05)
+    assert s1 == pytest.approx((left1 - 20.0) * (left1 - 3.0) / left1, abs=0.05)
+    assert s2 == pytest.approx(left2, abs=0.01) and 55 < left2 < left1 < left0 <= 60
 
 
 def test_status_and_metrics_report_per_class_goodput(routed) -> None:
