@@ -131,6 +131,15 @@ class Pool:
         turn = self._turn = (self._turn + 1) % len(reps)
         if turn:
             reps = reps[turn:] + reps[:turn]
+        return self._with_states(reps)
+
+    def states(self, model: str) -> list[ReplicaState]:
+        """The placement states of every replica that may take requests for `model` (O(replicas)); unlike
+        `candidates`, it leaves the rotation of placement's order alone."""
+        return self._with_states(self.serving(model))[1]
+
+    def _with_states(self, reps: list[Replica]) -> tuple[list[Replica], list[ReplicaState]]:
+        """The replicas of `reps` that have a placement state now, and those states, in order."""
         now_mono, now_wall = self.clock(), time.time()
         out_reps: list[Replica] = []
         states: list[ReplicaState] = []
@@ -140,12 +149,6 @@ class Pool:
                 out_reps.append(r)
                 states.append(s)
         return out_reps, states
-
-    def states(self, model: str) -> list[ReplicaState]:
-        """The placement states of every replica that may take requests for `model` (O(replicas))."""
-        now_mono, now_wall = self.clock(), time.time()
-        out = (r.placement_state(now_wall, now_mono, self.defaults) for r in self.serving(model))
-        return [s for s in out if s is not None]
 
     def health_counts(self) -> dict[str, int]:
         now = self.clock()
