@@ -1795,7 +1795,7 @@ def warm_sets(
     from jitserve.local import demo
 
     rates: dict[str, float] = {}
-    if seconds <= 0:
+    if seconds <= 0 or not started:  # nothing to warm: no summary line with nothing in it
         return rates
     first: dict[str, StackSpec] = {}
     for spec in started:

@@ -763,6 +763,15 @@ def test_each_engine_set_is_warmed_once_through_its_first_stack_before_anything_
     assert asyncio.run(main(0.0)) == {} and not bodies["a-rr"]
 
 
+def test_no_engine_set_started_warms_nothing_and_says_nothing(capsys) -> None:
+    """With `--saturation` and only JITServe's stacks, the first call starts no set: no summary line
+    with an empty list of rates (it printed "output tokens/s while warming: " with nothing after it)."""
+    import threading
+
+    assert stacks.warm_sets(None, [], "m", 2, 25.0, True, threading.Event()) == {}  # type: ignore[arg-type]
+    assert "warmed" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [("--calibration-rounds", "0", "must be >= 1, got 0"), ("--warm-up-s", "-1", "must be >= 0, got -1")],
