@@ -265,11 +265,6 @@ def prometheus_text(state: EngineState | None, now: float) -> bytes:
                         "requests in the batch that can wait a frame (not reserved, not streams)",
                         s.yieldable,
                     ),
-                    (
-                        "jitserve_engine_reserved_streams_waiting_requests",
-                        "reserved requests without a batch slot: streams on time for their first token",
-                        s.reserved_streams_waiting or 0,
-                    ),
                 ]
             if s.step_token_budget is not None:
                 gauges.append(

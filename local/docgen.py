@@ -162,7 +162,6 @@ def _engine_metrics() -> list[tuple[str, str, str, str]]:
         "frame_steps": 50,
         "reserved_waiting": 0,  # reported by just-in-time GMAX only: rendered so that its gauges are listed
         "yieldable": 0,
-        "reserved_streams_waiting": 0,
         "step_token_budget": 1,  # reported while the pace holds a step below the configured budget
     }
     # One class, so that the per-class families render with their labels.

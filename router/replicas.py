@@ -136,8 +136,6 @@ def effective_state(r: Replica, now_wall: float, now_mono: float, defaults: Defa
         if s.reserved_waiting is not None:
             # what the router sent since beyond the free slots may all be work the engine reserves
             update["reserved_waiting"] = s.reserved_waiting + spill
-            if s.reserved_streams_waiting is not None:  # any of them may be a stream
-                update["reserved_streams_waiting"] = s.reserved_streams_waiting + spill
         return s.model_copy(
             update=update
             | {

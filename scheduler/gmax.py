@@ -371,9 +371,6 @@ class Reservation:
 
     waiting: int  # reserved (urgent) requests outside the batch
     yieldable: int  # requests in the batch that are not reserved and not streams (slack or best-effort work)
-    # Of `waiting`, the streams still on time for their first token: first tokens lead the reservation
-    # (`_first_tokens_first`), so a new stream starts behind these alone, not behind every reservation.
-    streams_waiting: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -711,7 +708,6 @@ def _plan_jit(
     reservation = Reservation(
         waiting=int(np.count_nonzero(urgent & ~in_batch)),
         yieldable=int(np.count_nonzero(in_batch & ~urgent & ~work.is_latency)) if can_preempt else 0,
-        streams_waiting=int(np.count_nonzero(urgent & ~in_batch & first_on_time)),
     )
     return replace(plan, reservation=reservation)
 

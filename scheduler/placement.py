@@ -32,7 +32,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from jitserve.scheduler.gmax import Analysis, EngineSpeed, GMAXParams, analyze
 from jitserve.scheduler.requests import NewRequest, RequestTable
-from jitserve.scheduler.slo import SLOType
 
 _TIE_TOLERANCE = 0.02  # priorities within 2% are a tie: the speed estimates are not that precise
 
@@ -114,12 +113,6 @@ class ReplicaState(BaseModel):
         description="just-in-time GMAX: requests in the batch that can wait, streams aside (they yield to "
         "reserved ones)",
     )
-    reserved_streams_waiting: int | None = Field(
-        None,
-        ge=0,
-        description="just-in-time GMAX: of reserved_waiting, the streams still on time for their first "
-        "token; first tokens lead the reservation, so a new stream starts behind these alone",
-    )
     kv_usage: float = Field(ge=0, le=1, description="fraction of KV cache blocks in use")
     cutoff: float = Field(gt=0, le=1)
     frames: int = Field(ge=0, description="frames planned so far (liveness)")
@@ -128,19 +121,14 @@ class ReplicaState(BaseModel):
     goodput: dict[str, ClassGoodput] = Field(default_factory=dict, description="per SLO class")
     updated_at: float = Field(description="unix time of this report")
 
-    def reserved_delay_s(self, stream: bool = False) -> float:
+    def reserved_delay_s(self) -> float:
         """When a request this replica would reserve (one that cannot wait behind the queue) starts:
         behind the reserved requests still waiting, in a slot a yieldable request gives up at once or
-        the next to free after that, a slot turn apart. A `stream` (no token yet) starts behind the
-        reserved streams alone, when the report counts them: the engine moves first tokens to the head of
-        its reservation (docs/decisions/core.md, "A stream starts behind the streams reserved"). The whole
-        queue delay when the report carries no reservation."""
+        the next to free after that, a slot turn apart. The whole queue delay when the report carries no
+        reservation."""
         if self.reserved_waiting is None or self.yieldable is None:
             return self.queue_delay_s
-        ahead = self.reserved_waiting
-        if stream and self.reserved_streams_waiting is not None:
-            ahead = min(self.reserved_streams_waiting, ahead)
-        turns = ahead + 1 - self.yieldable
+        turns = self.reserved_waiting + 1 - self.yieldable
         turn = self.slot_turn_s()
         if turns <= 0 or turn is None:
             return 0.0 if turns <= 0 else self.queue_delay_s
@@ -244,14 +232,13 @@ def place(
         rng = rng or np.random.default_rng()
         sampled = np.sort(rng.choice(m, size=max(k, 1), replace=False))
     n = sampled.size
-    stream = request.slo.type is SLOType.LATENCY
     # One pass over the sampled states: a column per field (floats; the integer counts stay exact). A
     # newcomer starts no earlier than the prompts already in the batch are prefilled (docs/decisions/core.md,
     # "Placement counts the prompts ahead"), wherever else it would start.
     step, prefill, delay, bar, occupied, batch, reserved_delay, reserves, prefill_wait = np.array(
         [
             (s.step_time_s, s.prefill_tokens_per_s, s.queue_delay_s, s.admission_priority,
-             s.running + s.waiting, s.batch_size, s.reserved_delay_s(stream), s.reserved_waiting is not None,
+             s.running + s.waiting, s.batch_size, s.reserved_delay_s(), s.reserved_waiting is not None,
              s.prefill_wait_s())
             for s in (replicas[j] for j in sampled)
         ],

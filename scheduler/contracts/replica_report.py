@@ -59,7 +59,6 @@ def assemble_replica_state(
         "pending_prefill_tokens": load.pending_prefill_tokens,
         "reserved_waiting": None if reservation is None else reservation.waiting,
         "yieldable": None if reservation is None else reservation.yieldable,
-        "reserved_streams_waiting": None if reservation is None else reservation.streams_waiting,
         "kv_usage": min(max(kv_usage, 0.0), 1.0),
         "cutoff": cutoff,
         "frames": frames,

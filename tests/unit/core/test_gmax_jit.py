@@ -344,22 +344,6 @@ def test_the_plan_says_what_it_reserved_for_the_replica_report():
     assert (plan.reservation.waiting, plan.reservation.yieldable) == (0, 3)
 
 
-def test_the_plan_counts_the_reserved_streams_a_new_stream_would_wait_behind():
-    """Of the reserved requests without a slot, the report counts apart the streams still on time for
-    their first token: first tokens lead the reservation, so placement starts a new stream behind these
-    alone (`reserved_streams_waiting`)."""
-    table = RequestTable()
-    _full_batch_of_loose_deadlines(table)
-    for i in range(3):
-        table.add(deadline_request(f"due{i}", deadline=0.3, input_len=0, ub=4))  # a frame's slack: reserved
-    plan = plan_frame(table, 0.0, SPEED, replace(JIT, preemption="never"))
-    assert (plan.reservation.waiting, plan.reservation.streams_waiting) == (3, 0)
-    for i in range(2):
-        table.add(_chat(f"chat{i}"))
-    plan = plan_frame(table, 0.0, SPEED, replace(JIT, preemption="never"))
-    assert (plan.reservation.waiting, plan.reservation.streams_waiting) == (5, 2)
-
-
 def test_streams_on_time_for_their_first_token_are_reserved_in_due_order():
     """Two chats about to miss their first token, one slot: the one due first takes it, though the later
     one has the longer length bound (more goodput at stake, so the higher density). By density alone the

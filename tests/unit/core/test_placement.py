@@ -300,23 +300,6 @@ def test_reserved_delay_counts_the_reserved_work_ahead_and_what_can_yield():
     assert replica("a", **full, reserved_waiting=30, yieldable=0).reserved_delay_s() == 9.0  # capped
 
 
-def test_a_stream_starts_behind_the_reserved_streams_alone():
-    """The engine moves first tokens to the head of its reservation (`_first_tokens_first`): a new stream
-    waits behind the reserved streams, not behind reserved deadline work or stages. Any other newcomer
-    still starts behind every reservation; a report without the stream count keeps the whole count."""
-    full = dict(running=8, waiting=8, queue_delay_s=9.0)  # a slot turn is 1 s
-    mixed = replica("a", **full, reserved_waiting=5, yieldable=0, reserved_streams_waiting=1)
-    assert mixed.reserved_delay_s(stream=True) == 2.0  # behind one stream: two turns
-    assert mixed.reserved_delay_s() == 6.0  # behind all five
-    assert replica("a", **full, reserved_waiting=5, yieldable=0).reserved_delay_s(stream=True) == 6.0
-    # where a stream would start decides its admission: on time behind one stream, late behind five
-    chat = NewRequest("s", SLO.latency(ttft=3.0, tbt=0.1), arrival=0.0, input_len=10, max_tokens=4)
-    busy = dict(full, admission_priority=1e9, reserved_waiting=5, yieldable=0)
-    p = place(chat, [replica("a", **busy, reserved_streams_waiting=1)], 0.0)
-    assert p.replica == 0 and p.reason.startswith("admitted ahead of the queue")
-    assert place(chat, [replica("a", **busy)], 0.0).replica is None
-
-
 def test_a_later_stage_is_budgeted_the_mean_reserved_delay_of_the_replicas_that_reserve():
     """Which replica a later stage lands on is decided when it arrives: its expected wait is the mean
     reserved delay; an engine that reports no reservation serves in arrival order and adds no wait."""

@@ -73,14 +73,9 @@ def _reference_place(
     delay = np.maximum(np.asarray([s.queue_delay_s for s in states]), prefill_wait)
     # where a request the replica would reserve starts: behind its reserved work still waiting, a slot
     # turn apart, after what can yield (straight from the report's fields)
-    # (a stream starts behind the reserved streams alone, where the report counts them)
     reserved = []
-    stream = request.slo.type.value == "latency"
     for s in states:
-        waiting = s.reserved_waiting
-        if waiting is not None and stream and s.reserved_streams_waiting is not None:
-            waiting = min(waiting, s.reserved_streams_waiting)
-        turns = None if waiting is None else waiting + 1 - (s.yieldable or 0)
+        turns = None if s.reserved_waiting is None else s.reserved_waiting + 1 - (s.yieldable or 0)
         ahead_of = s.running + s.waiting - s.batch_size + 1
         turn = s.queue_delay_s / ahead_of if ahead_of > 0 and s.queue_delay_s > 0 else None
         if turns is None:
@@ -244,13 +239,7 @@ def _random_replica(rng: np.random.Generator, i: int, shared: dict | None) -> Re
         frames=int(rng.integers(0, 100)),
         updated_at=0.0,
         **(
-            {
-                "reserved_waiting": (reserved := int(rng.integers(0, 10))),
-                "yieldable": int(rng.integers(0, running + 1)),
-                "reserved_streams_waiting": (
-                    int(rng.integers(0, reserved + 1)) if rng.random() < 0.7 else None
-                ),
-            }
+            {"reserved_waiting": int(rng.integers(0, 10)), "yieldable": int(rng.integers(0, running + 1))}
             if rng.random() < 0.5
             else {}
         ),

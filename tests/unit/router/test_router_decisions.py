@@ -63,12 +63,11 @@ def test_requests_sent_past_a_full_report_wait_one_slot_turn_each() -> None:
 def test_requests_sent_past_a_full_report_count_as_reserved_work_waiting() -> None:
     """A just-in-time engine reports the reserved requests still waiting for a slot; what the router sent
     since, beyond the report's free slots, may all be reserved there too, so placement counts it."""
-    reserving = idle_state("p", running=6, reserved_waiting=0, yieldable=2, reserved_streams_waiting=0)
+    reserving = idle_state("p", running=6, reserved_waiting=0, yieldable=2)
     r = replica(reserving, at=100.0)
     r.sent_since_state = 5  # two fill the free slots, three queue
     s = effective_state(r, 0.0, 100.2, DEFAULTS)
     assert s is not None and (s.reserved_waiting, s.yieldable) == (3, 2)
-    assert s.reserved_streams_waiting == 3  # the router does not know which of them are streams
     r = replica(idle_state("p", running=6), at=100.0)  # no reservation reported: none invented
     r.sent_since_state = 5
     s = effective_state(r, 0.0, 100.2, DEFAULTS)
