@@ -20,6 +20,7 @@ batch size (vLLM's max_num_seqs) and served model name.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -43,6 +44,7 @@ from jitserve.scheduler.analyzer.length import LengthPredictor, LengthPredictorC
 from jitserve.scheduler.analyzer.refit import BackgroundRefit
 from jitserve.scheduler.contracts.replica_report import assemble_replica_state
 from jitserve.scheduler.contracts.xargs import RequestSLO, parse_xargs
+from jitserve.scheduler.fairness import counted_met
 from jitserve.scheduler.frames import FULL, FrameDriver, PlanKind
 from jitserve.scheduler.gmax import FramePlan, GMAXParams, expired
 from jitserve.scheduler.goodput import RequestRecord
@@ -301,7 +303,9 @@ class FrameRunner:
         m = self.meta.pop(request_id, None)
         if m is None:
             return 0.0
+        stage_due = math.inf
         if request_id in self.table:
+            stage_due = float(self.table.deadline_abs[self.table.slot(request_id)])
             self.table.remove(request_id)
         record = RequestRecord(
             slo=m.info.slo,
@@ -315,8 +319,12 @@ class FrameRunner:
         tokens = outcome_goodput.tokens
         self.driver.record(tokens)
         # every ending counts, as in the goodput window: a call cancelled before its SLO was met missed it
+        slo_type = SLO_TYPE_CODE[m.info.slo.type]
+        finished_at = now if outcome == "finished" else None
         self.driver.outcome(
-            SLO_TYPE_CODE[m.info.slo.type], outcome_goodput.met, self.tenants.get(m.info.tenant, 0)
+            slo_type,
+            counted_met(slo_type, outcome_goodput.met, finished_at, stage_due),
+            self.tenants.get(m.info.tenant, 0),
         )
         if m.debug is not None:
             m.debug.outcome = outcome

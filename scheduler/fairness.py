@@ -15,10 +15,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from jitserve.scheduler.requests import SLO_TYPE_CODE
+from jitserve.scheduler.requests import COMPOUND, SLO_TYPE_CODE
 from jitserve.scheduler.window import SlidingSums
 
 TYPES = len(SLO_TYPE_CODE)
+
+
+def counted_met(slo_type: int, met: bool, finished_at: float | None, stage_due: float) -> bool:
+    """The outcome Fair(r) counts for a request that ended: its own SLO's verdict `met`, except that a
+    compound stage counts as met only if it finished (`finished_at`, None if it did not) by its
+    sub-deadline D_s (`stage_due`). A stage's own deadline is what is left of its program's, so nearly
+    every early stage meets it while its programs miss: counted so, the compound type looked served and
+    Fair(r) ranked it last (docs/decisions/core.md, "Fair(r) counts a compound stage by its
+    sub-deadline"). The engine and the simulator both count through here."""
+    if slo_type != COMPOUND:
+        return met
+    return met and finished_at is not None and finished_at <= stage_due + 1e-9
 
 
 class Attainment:

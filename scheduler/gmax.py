@@ -65,8 +65,8 @@ class GMAXParams:
     starvation_delta: float = 8.0  # goodput tokens added per frame spent waiting (delta)
     frame_steps: int = 50  # Delta: decode steps per scheduling frame
     # f of the SLO-type attainment term in the just-in-time reservation (scheduler/fairness.py); 0: the
-    # reservation ranks by goodput saved per slot-second alone (docs/decisions/core.md, "f = 0")
-    class_fairness: float = 0.0
+    # reservation ranks by goodput saved per slot-second alone (docs/decisions/core.md, "f = 0.5 again")
+    class_fairness: float = 0.5
     preemption: str = "recompute"  # recompute | swap | auto (cheaper of the two) | never
     oracle: bool = False  # use true lengths instead of upper bounds (oracle JITServe)
     # jit: reserve what each request needs to stay on schedule, then fill by priority (plan_frame);

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jitserve.scheduler.budget import prompt_chunk_cap, prompt_order
+from jitserve.scheduler.fairness import counted_met
 from jitserve.scheduler.frames import LIGHT, FrameDriver
 from jitserve.scheduler.gmax import EngineSpeed, FramePlan
 from jitserve.scheduler.goodput import latency_met, latency_on_time_tokens
@@ -662,7 +663,10 @@ class Engine:
                 met = latency_met(on_time, gen, finished=True)
             else:
                 met = bool(slo_ok)
-        self.driver.outcome(int(t.slo_type[slot]), met, int(t.tenant[slot]))
+        slo_type = int(t.slo_type[slot])
+        finished_at = None if dropped else self.clock
+        counted = counted_met(slo_type, met, finished_at, float(t.deadline_abs[slot]))
+        self.driver.outcome(slo_type, counted, int(t.tenant[slot]))
         if self.table.running[slot]:
             self._running = self._running[self._running != slot]
             self._kv_cache = -1

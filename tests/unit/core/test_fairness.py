@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jitserve.scheduler.fairness import TenantAttainment, TypeAttainment
-from jitserve.scheduler.requests import DEADLINE, LATENCY
+from jitserve.scheduler.fairness import TenantAttainment, TypeAttainment, counted_met
+from jitserve.scheduler.requests import COMPOUND, DEADLINE, LATENCY
 
 
 def test_fair_is_one_minus_recent_attainment_and_zero_without_evidence():
@@ -54,3 +54,14 @@ def test_tenants_are_tracked_as_they_appear():
     assert att.fair(now=2.0).tolist() == [0.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="tenant"):
         att.record(-1, True, now=2.0)
+
+
+def test_a_compound_stage_counts_as_met_only_by_its_sub_deadline():
+    # its own SLO's verdict, then its sub-deadline D_s = 10
+    assert counted_met(COMPOUND, True, finished_at=9.0, stage_due=10.0)
+    assert not counted_met(COMPOUND, True, finished_at=12.0, stage_due=10.0)
+    assert not counted_met(COMPOUND, True, finished_at=None, stage_due=10.0)
+    assert not counted_met(COMPOUND, False, finished_at=9.0, stage_due=10.0)
+    # every other type: its own SLO's verdict alone
+    assert counted_met(DEADLINE, True, finished_at=12.0, stage_due=10.0)
+    assert not counted_met(LATENCY, False, finished_at=1.0, stage_due=10.0)

@@ -26,7 +26,7 @@ from jitserve.scheduler.contracts.xargs import XARGS_KEYS, parse_xargs
 from jitserve.scheduler.frames import FULL, LIGHT
 from jitserve.scheduler.goodput import RequestRecord
 from jitserve.scheduler.policy import GMAXPolicy
-from jitserve.scheduler.requests import DEADLINE, LATENCY
+from jitserve.scheduler.requests import COMPOUND, DEADLINE, LATENCY
 from jitserve.scheduler.slo import PAPER_CLASSES, SLO, SLOType
 
 # ------------------------------------------------------------------------------------------- xargs
@@ -200,6 +200,24 @@ def test_runner_tells_the_policy_each_outcome_by_slo_type() -> None:
     met, ended = r.policy.attainment.counts(now[0])  # type: ignore[attr-defined]
     assert (met[LATENCY], ended[LATENCY]) == (1, 2)
     assert (met[DEADLINE], ended[DEADLINE]) == (0, 1)
+
+
+def test_runner_counts_a_compound_stage_met_only_by_its_sub_deadline() -> None:
+    """A stage's own deadline is what is left of its program's, so a stage finishing behind its
+    sub-deadline D_s still meets it; Fair(r) counts it missed, as the simulator does
+    (fairness.counted_met)."""
+    now = [0.0]
+    r = FrameRunner(settings(policy="jitserve", analyzer=False), batch_size=2, clock=lambda: now[0])
+    stage = {"slo_class": "compound", "deadline": 30, "stage_deadline": 10, "program_id": "p"}
+    for rid in ("on-plan", "behind-plan"):
+        r.admit(rid, stage, arrival=0.0, input_len=5, max_tokens=2)
+    r.tokens("on-plan", 2, 5.0)
+    r.tokens("behind-plan", 2, 20.0)
+    now[0] = 20.0
+    assert r.end("on-plan", 5.0, "finished") > 0
+    assert r.end("behind-plan", 20.0, "finished") > 0  # its own SLO met: its tokens count in goodput
+    met, ended = r.policy.attainment.counts(now[0])  # type: ignore[attr-defined]
+    assert (met[COMPOUND], ended[COMPOUND]) == (1, 2)
 
 
 # ------------------------------------------------------------------------------------ CLI and HTTP
