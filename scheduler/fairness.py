@@ -26,8 +26,8 @@ def counted_met(slo_type: int, met: bool, finished_at: float | None, stage_due: 
     compound stage counts as met only if it finished (`finished_at`, None if it did not) by its
     sub-deadline D_s (`stage_due`). A stage's own deadline is what is left of its program's, so nearly
     every early stage meets it while its programs miss: counted so, the compound type looked served and
-    Fair(r) ranked it last (docs/decisions/core.md, "Fair(r) counts a compound stage by its
-    sub-deadline"). The engine and the simulator both count through here."""
+    Fair(r) ranked it last (docs/decisions/core.md, "f = 0.5 again"). The engine and the simulator both
+    count through here."""
     if slo_type != COMPOUND:
         return met
     return met and finished_at is not None and finished_at <= stage_due + 1e-9

@@ -64,8 +64,8 @@ class GMAXParams:
     cutoff: float = 0.95  # p in (0, 1]
     starvation_delta: float = 8.0  # goodput tokens added per frame spent waiting (delta)
     frame_steps: int = 50  # Delta: decode steps per scheduling frame
-    # f of the SLO-type attainment term in the just-in-time reservation (scheduler/fairness.py); 0: the
-    # reservation ranks by goodput saved per slot-second alone (docs/decisions/core.md, "f = 0.5 again")
+    # f of the SLO-type attainment term in the just-in-time reservation (scheduler/fairness.py); 0 ranks
+    # by goodput saved per slot-second alone; why 0.5: docs/decisions/core.md, "f = 0.5 again"
     class_fairness: float = 0.5
     preemption: str = "recompute"  # recompute | swap | auto (cheaper of the two) | never
     oracle: bool = False  # use true lengths instead of upper bounds (oracle JITServe)
