@@ -44,7 +44,7 @@ from jitserve.scheduler.analyzer.length import LengthPredictor, LengthPredictorC
 from jitserve.scheduler.analyzer.refit import BackgroundRefit
 from jitserve.scheduler.contracts.replica_report import assemble_replica_state
 from jitserve.scheduler.contracts.xargs import RequestSLO, parse_xargs
-from jitserve.scheduler.fairness import counted_met
+from jitserve.scheduler.fairness import counted_outcome
 from jitserve.scheduler.frames import FULL, FrameDriver, PlanKind
 from jitserve.scheduler.gmax import FramePlan, GMAXParams, expired
 from jitserve.scheduler.goodput import RequestRecord
@@ -303,9 +303,11 @@ class FrameRunner:
         m = self.meta.pop(request_id, None)
         if m is None:
             return 0.0
-        stage_due = math.inf
+        stage_due = program_due = math.inf
         if request_id in self.table:
-            stage_due = float(self.table.deadline_abs[self.table.slot(request_id)])
+            slot = self.table.slot(request_id)
+            stage_due = float(self.table.deadline_abs[slot])
+            program_due = float(self.table.program_deadline[slot])
             self.table.remove(request_id)
         record = RequestRecord(
             slo=m.info.slo,
@@ -318,14 +320,13 @@ class FrameRunner:
         outcome_goodput = self.window.record(m.info.slo_class, record, now)
         tokens = outcome_goodput.tokens
         self.driver.record(tokens)
-        # every ending counts, as in the goodput window: a call cancelled before its SLO was met missed it
+        # every ending counts (a compound program once), as in the goodput window: a call cancelled before
+        # its SLO was met missed it
         slo_type = SLO_TYPE_CODE[m.info.slo.type]
         finished_at = now if outcome == "finished" else None
-        self.driver.outcome(
-            slo_type,
-            counted_met(slo_type, outcome_goodput.met, finished_at, stage_due),
-            self.tenants.get(m.info.tenant, 0),
-        )
+        counted = counted_outcome(slo_type, outcome_goodput.met, finished_at, stage_due, program_due)
+        if counted is not None:
+            self.driver.outcome(slo_type, counted, self.tenants.get(m.info.tenant, 0))
         if m.debug is not None:
             m.debug.outcome = outcome
             m.debug.finished_at = now

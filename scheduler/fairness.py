@@ -13,6 +13,8 @@ outcomes) and the simulator (modelled ones) feed the same tracker, and the time 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from jitserve.scheduler.requests import COMPOUND, SLO_TYPE_CODE
@@ -21,16 +23,27 @@ from jitserve.scheduler.window import SlidingSums
 TYPES = len(SLO_TYPE_CODE)
 
 
-def counted_met(slo_type: int, met: bool, finished_at: float | None, stage_due: float) -> bool:
-    """The outcome Fair(r) counts for a request that ended: its own SLO's verdict `met`, except that a
-    compound stage counts as met only if it finished (`finished_at`, None if it did not) by its
-    sub-deadline D_s (`stage_due`). A stage's own deadline is what is left of its program's, so nearly
-    every early stage meets it while its programs miss: counted so, the compound type looked served and
-    Fair(r) ranked it last (docs/decisions/core.md, "f = 0.5 again"). The engine and the simulator both
-    count through here."""
+def counted_outcome(
+    slo_type: int, met: bool, finished_at: float | None, stage_due: float, program_due: float
+) -> bool | None:
+    """The outcome Fair(r) counts for a request that ended, or None when it decides nothing yet: its own
+    SLO's verdict `met`, except for a compound stage, which counts its program's outcome once. A stage
+    that did not finish (`finished_at` None: dropped or cancelled) loses its program: missed. One that
+    finished with stages after it (its program's deadline `program_due` later than its own sub-deadline
+    `stage_due`) leaves the verdict to the program's last stage: None. The last stage counts met if it
+    finished by its deadline, which is the program's.
+
+    A compound program meets its SLO only as a whole; counted per stage, its early stages met their share
+    far more often than programs met their deadline, and Fair(r) ranked the compound type last while
+    its programs missed (docs/decisions/core.md, "Fair(r) counts a compound program once"). The engine and
+    the simulator both count through here."""
     if slo_type != COMPOUND:
         return met
-    return met and finished_at is not None and finished_at <= stage_due + 1e-9
+    if finished_at is None:
+        return False
+    if math.isfinite(program_due) and program_due > stage_due:
+        return None
+    return met and finished_at <= stage_due + 1e-9
 
 
 class Attainment:

@@ -582,7 +582,7 @@ def _plan_jit(
     """Just-in-time GMAX (docs/decisions/core.md, "Just-in-time bandwidth").
 
     1. Reserve: a request whose service cannot wait one frame without losing goodput (its margin over
-       the frame is > 0; a compound stage behind its sub-deadline: all of its goodput) gets a slot.
+       the frame is > 0; a compound stage with stages after it: all of its goodput) gets a slot.
        Most goodput saved per slot-second first; with `type_fair` and f = `params.class_fairness` > 0,
        that density (scaled to the largest) is mixed with its SLO type's Fair(r) as §4.2's fairness
        extension mixes priority: (1 - f) x density + f x Fair(r). Among the first B of that order, the
@@ -625,13 +625,14 @@ def _plan_jit(
         # most rows are priced: all of them at once costs fewer numpy calls than gathering them first
         lost_in_frame = _margin(work, now, now + horizon, value_now, droppable, waiting_deadline)
         margin = np.where(maybe, lost_in_frame, 0.0)
-    behind = work.late_stages(now)
-    if behind is not None:
-        # A compound stage that can no longer meet its sub-deadline D_s is behind its program's plan: the
-        # share rule keeps it feasible, but waiting takes time from the stages after it, so it has no
-        # slack to give and its whole value is at stake (docs/decisions/core.md, "A stage behind its
-        # sub-deadline is reserved"). `value_now` is 0 where infeasible and bounds every margin.
-        margin = np.where(behind, value_now, margin)
+    if work.has_stages:
+        # A compound stage with stages after it (a share of its program's deadline D below 1) has no
+        # slack of its own: whatever it waits comes out of the stages after it, whose lengths and waits
+        # are not known when it runs. Its whole value is at stake from its arrival, as it always was
+        # once behind its sub-deadline D_s; Fair(r) keeps it from taking every slot (docs/decisions/
+        # core.md, "A program's earlier stages are reserved on arrival"). `value_now` is 0 where
+        # infeasible and bounds every margin.
+        margin = np.where(work.stage_share > 0, value_now, margin)
     # Streams with no token yet: on time for their first token, they go first; already past it and
     # unstarted, they wait behind all feasible SLO work (docs/decisions/core.md, "First tokens first").
     first_on_time, first_missed = _first_token_groups(work, now, slots.size, unstarted)

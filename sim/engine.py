@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jitserve.scheduler.budget import prompt_chunk_cap, prompt_order
-from jitserve.scheduler.fairness import counted_met
+from jitserve.scheduler.fairness import counted_outcome
 from jitserve.scheduler.frames import LIGHT, FrameDriver
 from jitserve.scheduler.gmax import EngineSpeed, FramePlan
 from jitserve.scheduler.goodput import latency_met, latency_on_time_tokens
@@ -665,8 +665,11 @@ class Engine:
                 met = bool(slo_ok)
         slo_type = int(t.slo_type[slot])
         finished_at = None if dropped else self.clock
-        counted = counted_met(slo_type, met, finished_at, float(t.deadline_abs[slot]))
-        self.driver.outcome(slo_type, counted, int(t.tenant[slot]))
+        counted = counted_outcome(
+            slo_type, met, finished_at, float(t.deadline_abs[slot]), float(t.program_deadline[slot])
+        )
+        if counted is not None:
+            self.driver.outcome(slo_type, counted, int(t.tenant[slot]))
         if self.table.running[slot]:
             self._running = self._running[self._running != slot]
             self._kv_cache = -1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jitserve.scheduler.fairness import TenantAttainment, TypeAttainment, counted_met
+from jitserve.scheduler.fairness import TenantAttainment, TypeAttainment, counted_outcome
 from jitserve.scheduler.requests import COMPOUND, DEADLINE, LATENCY
 
 
@@ -56,12 +56,19 @@ def test_tenants_are_tracked_as_they_appear():
         att.record(-1, True, now=2.0)
 
 
-def test_a_compound_stage_counts_as_met_only_by_its_sub_deadline():
-    # its own SLO's verdict, then its sub-deadline D_s = 10
-    assert counted_met(COMPOUND, True, finished_at=9.0, stage_due=10.0)
-    assert not counted_met(COMPOUND, True, finished_at=12.0, stage_due=10.0)
-    assert not counted_met(COMPOUND, True, finished_at=None, stage_due=10.0)
-    assert not counted_met(COMPOUND, False, finished_at=9.0, stage_due=10.0)
+def test_a_compound_program_counts_once_by_its_last_stage_or_its_first_loss():
+    inf = float("inf")
+    # a stage with stages after it (sub-deadline D_s = 10 before the program's D = 30): no verdict yet,
+    # on time for D_s or not, unless it did not finish: then its program is lost
+    assert counted_outcome(COMPOUND, True, finished_at=9.0, stage_due=10.0, program_due=30.0) is None
+    assert counted_outcome(COMPOUND, True, finished_at=12.0, stage_due=10.0, program_due=30.0) is None
+    assert counted_outcome(COMPOUND, False, finished_at=None, stage_due=10.0, program_due=30.0) is False
+    # the last stage (its deadline is the program's): the program's verdict
+    assert counted_outcome(COMPOUND, True, finished_at=29.0, stage_due=30.0, program_due=30.0) is True
+    assert counted_outcome(COMPOUND, False, finished_at=31.0, stage_due=30.0, program_due=30.0) is False
+    assert counted_outcome(COMPOUND, True, finished_at=31.0, stage_due=30.0, program_due=30.0) is False
+    # a call without a stage plan: its own deadline is its program's
+    assert counted_outcome(COMPOUND, True, finished_at=5.0, stage_due=10.0, program_due=inf) is True
     # every other type: its own SLO's verdict alone
-    assert counted_met(DEADLINE, True, finished_at=12.0, stage_due=10.0)
-    assert not counted_met(LATENCY, False, finished_at=1.0, stage_due=10.0)
+    assert counted_outcome(DEADLINE, True, finished_at=12.0, stage_due=10.0, program_due=inf) is True
+    assert counted_outcome(LATENCY, False, finished_at=1.0, stage_due=10.0, program_due=inf) is False

@@ -39,29 +39,43 @@ def _chat(rid: str, arrival: float = 0.0, ttft: float = 1.0, tbt: float = 0.1) -
     return NewRequest(rid, slo, arrival=arrival, input_len=100, max_tokens=200, len_ub=200)
 
 
-def test_a_compound_stage_behind_its_sub_deadline_is_reserved():
-    """A stage that can no longer meet its sub-deadline D_s stays feasible by its share of what is left of
-    the program's deadline D, so delaying it a frame costs nothing by the margin; but every second it
-    waits comes out of the stages after it. It is reserved ahead of denser work with slack (docs/
-    decisions/core.md, "A stage behind its sub-deadline is reserved"); on time, it waits like any work
-    with slack."""
+def test_a_compound_stage_with_stages_after_it_is_reserved_on_arrival():
+    """A stage with stages after it has no slack of its own: what it waits comes out of the stages after
+    it. Its whole value is at stake from its arrival, so it is reserved ahead of denser work with slack
+    while still well on time for its sub-deadline D_s (docs/decisions/core.md, "A program's earlier
+    stages are reserved on arrival"). The program's last stage, whose deadline is the program's own,
+    waits like any work with slack until it cannot."""
     one = GMAXParams(batch_size=1, frame_steps=20)  # a frame of 1 s
     table = RequestTable()
     stage = NewRequest(
         "stage", SLO.compound(2), arrival=2.0, input_len=0, max_tokens=40, len_ub=40,
         deadline_abs=10.0, program_deadline_abs=18.0,
     )  # fmt: skip
-    table.add(stage)  # 2 s of work; D_s = 10, D = 18: a half of what is left of D once behind D_s
-    # denser work with a minute of slack: it wins the slot by priority
+    table.add(stage)  # 2 s of work; D_s = 10, D = 18
+    # denser work with a minute of slack: by priority alone it would win the slot
     table.add(deadline_request("dense", deadline=60.0, input_len=400, ub=10))
-    on_time = plan_frame(table, 4.0, SPEED, one)  # 6 s to D_s: slack, no reservation
-    assert table.ids(on_time.batch) == ["dense"]
-    assert on_time.reservation is not None and on_time.reservation.waiting == 0
-    behind = plan_frame(table, 9.0, SPEED, one)  # 1 s to D_s, 2 s of work; 4.5 s by the share rule
-    an = analyze(table, 9.0, SPEED, one)
-    assert an.feasible.all() and an.t_rem[0] - an.t_gen[0] > one.frame_steps * SPEED.step_time
-    assert table.ids(behind.batch) == ["stage"]
-    assert table.ids(behind.order)[:2] == ["stage", "dense"]
+    an = analyze(table, 4.0, SPEED, one)
+    assert an.priority[1] > an.priority[0]
+    early = plan_frame(table, 4.0, SPEED, one)  # 6 s to D_s, 4 s of it slack
+    assert table.ids(early.batch) == ["stage"]
+    assert table.ids(early.order)[:2] == ["stage", "dense"]
+    assert early.reservation is not None and early.reservation.waiting == 0
+    assert table.ids(plan_frame(table, 4.0, SPEED, PAPER_ONE).batch) == ["dense"]  # Algorithm 1: priority
+
+    last = RequestTable()  # the same call as its program's last stage: its deadline is the program's
+    last.add(
+        NewRequest(
+            "last", SLO.compound(2), arrival=2.0, input_len=0, max_tokens=40, len_ub=40,
+            deadline_abs=18.0, program_deadline_abs=18.0,
+        )
+    )  # fmt: skip
+    last.add(deadline_request("dense", deadline=60.0, input_len=400, ub=10))
+    on_time = plan_frame(last, 4.0, SPEED, one)  # 14 s to D, 2 s of work: slack, no reservation
+    assert last.ids(on_time.batch) == ["dense"]
+    assert last.ids(plan_frame(last, 15.5, SPEED, one).batch) == ["last"]  # 2.5 s left: at stake
+
+
+PAPER_ONE = GMAXParams(batch_size=1, frame_steps=20, ranking="paper")
 
 
 def test_a_chat_behind_a_full_batch_of_loose_work_preempts_at_once():

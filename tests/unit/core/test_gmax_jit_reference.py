@@ -76,11 +76,11 @@ def _reference(table, now, speed, params, tenant_fair=None):
     pos = np.flatnonzero(maybe)
     if pos.size:
         margin[pos] = _margin(table, now, speed, params, slots[pos], value_now[pos], horizon)
-    # a compound stage that can no longer meet its sub-deadline has its whole value at stake
+    # a compound stage with stages after it (its sub-deadline before its program's) has its whole value at
+    # stake from its arrival
     program_deadline, sub_deadline = table.program_deadline[slots], table.deadline_abs[slots]
-    staged = np.isfinite(program_deadline) & (program_deadline > sub_deadline)
-    behind = staged & (sub_deadline - now < an.t_gen) & an.feasible
-    margin = np.where(behind, np.maximum(margin, value_now), margin)
+    staged = np.isfinite(program_deadline) & (program_deadline > sub_deadline) & an.feasible
+    margin = np.where(staged, np.maximum(margin, value_now), margin)
     # streams with no token yet: on time for the first, they lead the B densest reserved requests in due
     # order; unstarted and already late for it, they come after all feasible SLO work (docs/decisions/core.md)
     new_stream = (slo == LATENCY) & (table.generated[slots] == 0)

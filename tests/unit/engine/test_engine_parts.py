@@ -202,20 +202,28 @@ def test_runner_tells_the_policy_each_outcome_by_slo_type() -> None:
     assert (met[DEADLINE], ended[DEADLINE]) == (0, 1)
 
 
-def test_runner_counts_a_compound_stage_met_only_by_its_sub_deadline() -> None:
-    """A stage's own deadline is what is left of its program's, so a stage finishing behind its
-    sub-deadline D_s still meets it; Fair(r) counts it missed, as the simulator does
-    (fairness.counted_met)."""
+def test_runner_counts_a_compound_program_once() -> None:
+    """Fair(r) counts a compound program's outcome once (fairness.counted_outcome): an early stage that
+    finishes decides nothing, whether by its sub-deadline D_s or after it; a dropped one loses the
+    program; the last stage, whose deadline is the program's, gives the verdict."""
     now = [0.0]
     r = FrameRunner(settings(policy="jitserve", analyzer=False), batch_size=2, clock=lambda: now[0])
-    stage = {"slo_class": "compound", "deadline": 30, "stage_deadline": 10, "program_id": "p"}
-    for rid in ("on-plan", "behind-plan"):
-        r.admit(rid, stage, arrival=0.0, input_len=5, max_tokens=2)
+    early = {"slo_class": "compound", "deadline": 30, "stage_deadline": 10, "program_id": "p"}
+    for rid in ("on-plan", "behind-plan", "dropped"):
+        r.admit(rid, early, arrival=0.0, input_len=5, max_tokens=2)
     r.tokens("on-plan", 2, 5.0)
     r.tokens("behind-plan", 2, 20.0)
     now[0] = 20.0
     assert r.end("on-plan", 5.0, "finished") > 0
     assert r.end("behind-plan", 20.0, "finished") > 0  # its own SLO met: its tokens count in goodput
+    met, ended = r.policy.attainment.counts(now[0])  # type: ignore[attr-defined]
+    assert ended[COMPOUND] == 0
+    r.end("dropped", 20.0, "dropped")
+    last = {"slo_class": "compound", "deadline": 10, "stage_deadline": 10, "program_id": "p"}
+    r.admit("last", last, arrival=20.0, input_len=5, max_tokens=2)
+    r.tokens("last", 2, 25.0)
+    now[0] = 25.0
+    r.end("last", 25.0, "finished")
     met, ended = r.policy.attainment.counts(now[0])  # type: ignore[attr-defined]
     assert (met[COMPOUND], ended[COMPOUND]) == (1, 2)
 
