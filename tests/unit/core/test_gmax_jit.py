@@ -21,6 +21,7 @@ from jitserve.scheduler.slo import SLO
 SPEED = EngineSpeed(step_time=0.05, prefill_tokens_per_s=2000.0)
 JIT = GMAXParams(batch_size=4)
 PAPER = GMAXParams(batch_size=4, ranking="paper")
+PAPER_ONE = GMAXParams(batch_size=1, frame_steps=20, ranking="paper")  # a one-slot batch, frames of 1 s
 
 
 def _running(table: RequestTable, rid: str, generated: int = 1) -> None:
@@ -73,9 +74,6 @@ def test_a_compound_stage_with_stages_after_it_is_reserved_on_arrival():
     on_time = plan_frame(last, 4.0, SPEED, one)  # 14 s to D, 2 s of work: slack, no reservation
     assert last.ids(on_time.batch) == ["dense"]
     assert last.ids(plan_frame(last, 15.5, SPEED, one).batch) == ["last"]  # 2.5 s left: at stake
-
-
-PAPER_ONE = GMAXParams(batch_size=1, frame_steps=20, ranking="paper")
 
 
 def test_a_chat_behind_a_full_batch_of_loose_work_preempts_at_once():
