@@ -13,11 +13,9 @@ outcomes) and the simulator (modelled ones) feed the same tracker, and the time 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from jitserve.scheduler.requests import COMPOUND, SLO_TYPE_CODE
+from jitserve.scheduler.requests import COMPOUND, SLO_TYPE_CODE, has_later_stages
 from jitserve.scheduler.window import SlidingSums
 
 TYPES = len(SLO_TYPE_CODE)
@@ -41,7 +39,7 @@ def counted_outcome(
         return met
     if finished_at is None:
         return False
-    if math.isfinite(program_due) and program_due > stage_due:
+    if has_later_stages(stage_due, program_due):
         return None
     return met and finished_at <= stage_due + 1e-9
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from jitserve.scheduler.requests import BEST_EFFORT, LATENCY, RequestTable
+from jitserve.scheduler.requests import BEST_EFFORT, LATENCY, RequestTable, has_later_stages
 
 _EPS = 1e-9
 RANKINGS = ("jit", "paper")
@@ -205,7 +205,7 @@ def _work(
     last = n - 1
     deadline = table.deadline_abs[slots]
     program_deadline = table.program_deadline[slots]
-    staged = np.isfinite(program_deadline) & (program_deadline > deadline)
+    staged = has_later_stages(deadline, program_deadline)
     has_stages = bool(staged.any())
     share = np.zeros(slots.size)
     if has_stages:  # most analyses (every placement of a non-compound request) have no stage

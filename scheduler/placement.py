@@ -21,7 +21,6 @@ rejects it at once.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from jitserve.scheduler.gmax import Analysis, EngineSpeed, GMAXParams, analyze
-from jitserve.scheduler.requests import NewRequest, RequestTable
+from jitserve.scheduler.requests import NewRequest, RequestTable, has_later_stages
 
 _TIE_TOLERANCE = 0.02  # priorities within 2% are a tie: the speed estimates are not that precise
 
@@ -312,7 +311,7 @@ def place(
             needs_short_reply = shorter_than_bound = True
         program_deadline = float(table.program_deadline[slots[0]])
         behind_share = False
-        if not an_feasible.any() and math.isfinite(program_deadline) and program_deadline > request.due():
+        if not an_feasible.any() and has_later_stages(request.due(), program_deadline):
             # A compound stage late for its sub-deadline even with a one-token reply. Only the program's
             # deadline is scored, and rejecting the stage loses the program's earlier stages too: if its
             # whole bound (the oracle: its true length) still fits the program's deadline, it is admitted

@@ -23,6 +23,14 @@ SLO_TYPE_CODE: dict[SLOType, int] = {
 }
 LATENCY, DEADLINE, COMPOUND, BEST_EFFORT = 0, 1, 2, 3
 
+
+def has_later_stages(stage_due: Any, program_due: Any) -> Any:
+    """Whether a compound stage has stages after it: its program's deadline D (`program_due`, inf without
+    one) is later than its own sub-deadline D_s (`stage_due`); the last stage's D_s is D. Scalars or
+    arrays. GMAX's reservation, placement and Fair(r)'s count all ask it here."""
+    return np.isfinite(program_due) & (program_due > stage_due)
+
+
 # (name, dtype, fill value of a free slot)
 _COLUMNS: tuple[tuple[str, Any, Any], ...] = (
     ("active", np.bool_, False),
