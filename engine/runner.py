@@ -213,6 +213,7 @@ class FrameRunner:
         arrival: float,
         input_len: int,
         max_tokens: int,
+        min_len: int = 1,
     ) -> RequestSLO:
         self.classes.poll()
         snap = self.classes.snapshot
@@ -238,6 +239,7 @@ class FrameRunner:
                 input_len=int(input_len),
                 max_tokens=max_tokens,
                 len_ub=len_ub,
+                min_len=min(max(int(min_len), 1), max_tokens),
                 deadline_abs=info.deadline_abs,
                 program_deadline_abs=info.program_deadline_abs,
                 program_goodput=info.program_goodput,
@@ -395,7 +397,7 @@ class FrameRunner:
             np.asarray([self.bounds.code(m.info.slo_class) for _, m in due]),
             t.max_tokens[slots],
         )
-        t.len_ub[slots] = np.clip(ub, t.generated[slots] + 1, t.max_tokens[slots])
+        t.set_bounds(slots, ub)
         for (_rid, m), g in zip(due, t.generated[slots].tolist(), strict=True):
             m.bound_at = int(g)
 

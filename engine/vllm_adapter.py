@@ -46,6 +46,7 @@ from jitserve.engine.state import StatePublisher
 from jitserve.engine.version import check_vllm_version
 from jitserve.scheduler.budget import prompt_chunk_cap, prompt_order
 from jitserve.scheduler.gmax import FramePlan
+from jitserve.scheduler.requests import shortest_reply
 from jitserve.scheduler.slo import SLO
 
 log = logging.getLogger("jitserve.engine")
@@ -64,6 +65,16 @@ def drop_message(slo: SLO | None) -> str:
     if slo.unstarted_limit == "deadline":
         return f"jitserve: not started by its deadline ({slo.unstarted_wait:g}s)"
     return f"jitserve: waiting_time {slo.waiting_time:g}s exceeded"
+
+
+def _shortest_reply(sp: Any, max_tokens: int) -> int:
+    """The fewest tokens vLLM can end this request with, from its sampling parameters (None: one)."""
+    if sp is None:
+        return 1
+    stops = bool(getattr(sp, "stop", None) or getattr(sp, "stop_token_ids", None))
+    return shortest_reply(
+        max_tokens, int(getattr(sp, "min_tokens", 0) or 0), bool(getattr(sp, "ignore_eos", False)), stops
+    )
 
 
 class JITServeScheduler(AsyncScheduler):
@@ -116,6 +127,7 @@ class JITServeScheduler(AsyncScheduler):
                 arrival=request.arrival_time,
                 input_len=request.num_prompt_tokens,
                 max_tokens=request.max_tokens,
+                min_len=_shortest_reply(sp, request.max_tokens),
             )
 
     def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from jitserve.router.errors import RouterError, bad_request
+from jitserve.scheduler.requests import shortest_reply
 
 Kind = Literal["chat", "completion"]
 
@@ -49,6 +50,20 @@ SLO_TIME_FIELDS: tuple[str, ...] = ("deadline", "target_ttft", "target_tbt", "wa
 
 
 @dataclass(frozen=True, slots=True)
+class ReplyFloor:
+    """What in the body keeps vLLM from ending the reply early (its extensions to the OpenAI API, forwarded
+    untouched): `min_tokens`, and `ignore_eos` unless the request stops on its own strings or token ids.
+    `shortest(max_tokens)` is the fewest tokens the reply can have (`requests.shortest_reply`)."""
+
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stops: bool = False
+
+    def shortest(self, max_tokens: int) -> int:
+        return shortest_reply(max_tokens, self.min_tokens, self.ignore_eos, self.stops)
+
+
+@dataclass(frozen=True, slots=True)
 class Inbound:
     kind: Kind
     body: dict[str, Any]  # the client's body minus router-only fields
@@ -60,6 +75,7 @@ class Inbound:
     program_id: str | None
     program_stages: int | None
     prefix_key: str | None  # hash of the prompt's start, for prefix-cache locality
+    reply_floor: ReplyFloor = ReplyFloor()  # what keeps the reply from ending early
 
 
 def _too_deep() -> RouterError:
@@ -211,6 +227,7 @@ def parse_inbound(kind: Kind, body: dict[str, Any], headers: Mapping[str, str]) 
             input_len, text = _prompt_tokens(body["prompt"])
         except ValueError as exc:
             raise bad_request(str(exc), param="prompt", code="invalid_value") from None
+    floor = _reply_floor(body, max_tokens)
     fields = router_fields(body, headers)
     program_id = fields.get("program_id")
     if program_id is not None:
@@ -250,7 +267,36 @@ def parse_inbound(kind: Kind, body: dict[str, Any], headers: Mapping[str, str]) 
         program_id=program_id,
         program_stages=stages,
         prefix_key=_prefix_key(text),
+        reply_floor=floor,
     )
+
+
+def _reply_floor(body: Mapping[str, Any], max_tokens: int | None) -> ReplyFloor:
+    """vLLM's `min_tokens` and `ignore_eos`, checked as vLLM checks them (a 400 naming the field here, not
+    a 400 from the engine after placement)."""
+    min_tokens = body.get("min_tokens")
+    if min_tokens is None:
+        min_tokens = 0
+    _require(
+        isinstance(min_tokens, int)
+        and not isinstance(min_tokens, bool)
+        and 0 <= min_tokens <= MAX_TOKENS_LIMIT,
+        f"min_tokens must be an integer in [0, {MAX_TOKENS_LIMIT}], got {min_tokens!r}",
+        "min_tokens",
+    )
+    _require(
+        max_tokens is None or min_tokens <= max_tokens,
+        f"min_tokens must be at most max_tokens ({max_tokens}), got {min_tokens}",
+        "min_tokens",
+    )
+    ignore_eos = body.get("ignore_eos")
+    _require(
+        ignore_eos is None or isinstance(ignore_eos, bool),
+        f"ignore_eos must be a boolean, got {ignore_eos!r}",
+        "ignore_eos",
+    )
+    stops = bool(body.get("stop") or body.get("stop_token_ids"))
+    return ReplyFloor(int(min_tokens), bool(ignore_eos), stops)
 
 
 def body_too_large(limit: int) -> RouterError:

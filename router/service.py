@@ -174,6 +174,7 @@ class Router:
             input_len=inbound.input_len,
             max_tokens=max_tokens,
             len_ub=self.lengths.bound(inbound.input_len, slo.type, slo_class, inbound.model, max_tokens),
+            min_len=inbound.reply_floor.shortest(max_tokens),
             deadline_abs=plan.deadline_abs if plan else None,
             program_deadline_abs=plan.program_deadline_abs if plan else None,
             program_goodput=plan.program_goodput if plan else 0.0,

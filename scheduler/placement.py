@@ -8,11 +8,12 @@ the one where its priority is highest when every sampled replica is scored at th
 step time and prefill rate (a pool's replicas are the same hardware, so a faster report is a lighter
 load or an older measurement; start times and cache hits still tell them apart), the least loaded among
 near-ties.
-If no replica can still meet the SLO even with a one-token reply, there is no
-placement: admission rejects it. A request that is on time with half its conservative length bound
-(its q0.9 bound halved: about its median reply) goes to any replica where it is; one on time only with
-a still shorter reply goes only to a replica that is not busy (fewer than a quarter of its batch
-running or waiting), and if every sampled replica that could serve it is busy, admission rejects it.
+If no replica can still meet the SLO even with the shortest reply the request allows (one token, unless
+vLLM's min_tokens or ignore_eos hold it back: `NewRequest.min_len`), there is no placement: admission
+rejects it. A request that is on time with half its conservative length bound (its q0.9 bound halved:
+about its median reply; never below that shortest reply) goes to any replica where it is; one on time
+only with a still shorter reply goes only to a replica that is not busy (fewer than a quarter of its
+batch running or waiting), and if every sampled replica that could serve it is busy, admission rejects it.
 (`ShortReplyRule` keeps the alternatives measured against this rule for the ablation.)
 A request below every replica's admission bar queues only where the expected queue delay is shorter
 than its waiting_time; where it is not, the engine would drop it after the wait, so admission
@@ -54,7 +55,7 @@ class Rejection(StrEnum):
     report (docs/decisions/core.md, "Why a request was rejected")."""
 
     NO_REPLICA = "no_replica"  # no replica is ready
-    NO_TIME = "no_time"  # late everywhere, even with a one-token reply
+    NO_TIME = "no_time"  # late everywhere, even with the shortest reply the request allows (one token)
     BUSY_SHORT_REPLY = "busy_short_reply"  # on time only with a reply under its bound; every replica busy
     QUEUE_TOO_LONG = "queue_too_long"  # below every bar; the queue outlasts how long it may wait unstarted
 
@@ -294,18 +295,22 @@ def place(
     try:
         slots = np.full(blocks * n, table.add(request))
         bound = int(table.len_ub[slots[0]])
+        # the shortest reply the request allows (`shortest_reply`): one token unless its body holds vLLM
+        # back from stopping sooner (min_tokens, ignore_eos); no fallback below goes under it
+        shortest = min(request.min_len, bound)
         both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
         ahead, an_feasible = judged(both)
         needs_short_reply = shorter_than_bound = False
-        if not an_feasible.any() and short_reply is ShortReplyRule.HALF_BOUND and table.len_ub[slots[0]] > 1:
-            table.len_ub[slots[0]] //= 2
+        half = max(bound // 2, shortest)
+        if not an_feasible.any() and short_reply is ShortReplyRule.HALF_BOUND and half < bound:
+            table.len_ub[slots[0]] = half
             both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
             ahead, an_feasible = judged(both)
             shorter_than_bound = bool(an_feasible.any())
-        if not an_feasible.any():
+        if not an_feasible.any() and shortest < int(table.len_ub[slots[0]]):
             # The conservative bound sizes bandwidth; it must not reject a request that a shorter (yet
-            # possible) reply would serve on time. Reject only when even a one-token reply would be late.
-            table.len_ub[slots[0]] = 1
+            # possible) reply would serve on time. Reject only when even its shortest reply would be late.
+            table.len_ub[slots[0]] = shortest
             both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
             ahead, an_feasible = judged(both)
             needs_short_reply = shorter_than_bound = True
@@ -336,7 +341,8 @@ def place(
         rank = np.where(ahead, slow[n : 2 * n], slow[:n]) if any_reserves else slow[:n]
     priority = np.where(an_feasible, an_priority, 0.0)
     if not an_feasible.any():
-        reason = "no replica can meet the SLO, even with a one-token reply"
+        reply = "a one-token reply" if shortest <= 1 else f"the shortest reply it allows ({shortest} tokens)"
+        reason = f"no replica can meet the SLO, even with {reply}"
         return Placement(None, priority, sampled, reason, Rejection.NO_TIME)
     feasible = an_feasible
     if needs_short_reply:

@@ -31,6 +31,18 @@ def has_later_stages(stage_due: Any, program_due: Any) -> Any:
     return np.isfinite(program_due) & (program_due > stage_due)
 
 
+def shortest_reply(
+    max_tokens: int, min_tokens: int = 0, ignore_eos: bool = False, stops: bool = False
+) -> int:
+    """The fewest output tokens a request can end with, as vLLM ends it: `min_tokens` holds off every stop
+    (EOS, stop strings, stop token ids); with `ignore_eos` and no stop of its own (`stops`: stop strings or
+    stop token ids) only `max_tokens` ends it. In [1, max_tokens]. The router reads it from the request's
+    body, the engine from vLLM's sampling parameters; placement's "a shorter reply might make it" never
+    goes below it (docs/decisions/core.md, "A reply no shorter than the request allows")."""
+    floor = max_tokens if ignore_eos and not stops else min_tokens
+    return int(min(max(floor, 1), max_tokens))
+
+
 # (name, dtype, fill value of a free slot)
 _COLUMNS: tuple[tuple[str, Any, Any], ...] = (
     ("active", np.bool_, False),
@@ -46,6 +58,7 @@ _COLUMNS: tuple[tuple[str, Any, Any], ...] = (
     ("computed", np.int64, 0),  # tokens whose KV is computed (prefill progress, preemption cost)
     ("len_ub", np.int64, 1),  # upper bound on the total output length (analyzer)
     ("max_tokens", np.int64, 1),
+    ("min_len", np.int64, 1),  # the shortest reply the request allows (`shortest_reply`)
     ("true_len", np.int64, -1),  # oracle only: the real output length, -1 if unknown
     ("w_in", np.float64, 1.0),
     ("w_out", np.float64, 1.0),
@@ -69,6 +82,7 @@ class NewRequest:
     input_len: int
     max_tokens: int
     len_ub: int | None = None  # None: max_tokens, the only safe bound before the analyzer answers
+    min_len: int = 1  # the shortest reply the request allows (`shortest_reply`): no bound goes below it
     true_len: int = -1
     deadline_abs: float | None = None  # compound stages: the sub-deadline D_s (absolute)
     program_deadline_abs: float | None = None  # compound stages: the program's deadline D (absolute)
@@ -80,6 +94,8 @@ class NewRequest:
             raise ValueError(f"input_len: must be >= 0, got {self.input_len}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
+        if not 1 <= self.min_len <= self.max_tokens:
+            raise ValueError(f"min_len: must be in [1, max_tokens={self.max_tokens}], got {self.min_len}")
 
     def due(self) -> float:
         """Absolute deadline (compound stages: their sub-deadline); inf without one."""
@@ -127,6 +143,7 @@ class RequestTable:
     computed: np.ndarray
     len_ub: np.ndarray
     max_tokens: np.ndarray
+    min_len: np.ndarray
     true_len: np.ndarray
     w_in: np.ndarray
     w_out: np.ndarray
@@ -179,8 +196,9 @@ class RequestTable:
         self.generated[slot] = 0
         self.computed[slot] = 0
         self.max_tokens[slot] = req.max_tokens
+        self.min_len[slot] = req.min_len
         ub = req.max_tokens if req.len_ub is None else req.len_ub
-        self.len_ub[slot] = int(min(max(ub, 1), req.max_tokens))
+        self.len_ub[slot] = int(min(max(ub, req.min_len), req.max_tokens))
         self.true_len[slot] = req.true_len
         self.w_in[slot] = slo.weights.input
         self.w_out[slot] = slo.weights.output
@@ -216,6 +234,12 @@ class RequestTable:
         # a bound below what is already generated is stale: the request is at least one token longer
         if self.len_ub[slot] <= generated:
             self.len_ub[slot] = min(generated + 1, int(self.max_tokens[slot]))
+
+    def set_bounds(self, slots: np.ndarray, bounds: np.ndarray) -> None:
+        """New length bounds for `slots` (the analyzer's, as tokens arrive), kept where a bound can be: at
+        least one token past what each generated and its shortest reply, at most its max_tokens."""
+        floor = np.maximum(self.generated[slots] + 1, self.min_len[slots])
+        self.len_ub[slots] = np.minimum(np.maximum(bounds, floor), self.max_tokens[slots])
 
     def planned_len(self, slots: np.ndarray, oracle: bool = False) -> np.ndarray:
         """The total output length each slot is planned for: its length bound, or with `oracle` its true

@@ -523,7 +523,7 @@ class Engine:
         slots = run[due]
         g = gen[due]
         ub = np.asarray(self.bound_fn(self._feats[slots], g), dtype=np.int64)
-        self.table.len_ub[slots] = np.minimum(np.maximum(ub, g + 1), self.table.max_tokens[slots])
+        self.table.set_bounds(slots, ub)
         self._refreshed[slots] = g
 
     # ------------------------------------------------------------------------------ helpers

@@ -346,3 +346,30 @@ def test_cutoff_tuner_converges_to_the_best_arm():
 def test_params_reject_nonsense(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         GMAXParams(**bad)
+
+
+def test_the_shortest_reply_is_what_vllm_can_end_a_request_with():
+    from jitserve.scheduler.requests import shortest_reply
+
+    assert shortest_reply(40) == 1  # any token may be EOS
+    assert shortest_reply(40, min_tokens=12) == 12  # min_tokens holds off every stop
+    assert shortest_reply(40, min_tokens=0, ignore_eos=True) == 40  # only max_tokens ends it
+    assert shortest_reply(40, min_tokens=5, ignore_eos=True, stops=True) == 5  # its own stop strings still do
+    assert shortest_reply(40, min_tokens=99) == 40  # never past max_tokens
+
+
+def test_a_length_bound_never_goes_below_the_shortest_reply(table):
+    """Neither the bound a request arrives with nor the analyzer's later ones (`set_bounds`) may plan a
+    reply shorter than the request allows, or longer than max_tokens."""
+    slo = SLO.deadline_slo(10.0)
+    table.add(NewRequest("a", slo, arrival=0.0, input_len=10, max_tokens=40, len_ub=8, min_len=30))
+    table.add(NewRequest("b", slo, arrival=0.0, input_len=10, max_tokens=40, len_ub=8))
+    slots = np.array([table.slot("a"), table.slot("b")])
+    assert table.len_ub[slots].tolist() == [30, 8]
+    table.progress("b", 12)
+    table.set_bounds(slots, np.array([5, 5]))
+    assert table.len_ub[slots].tolist() == [30, 13]  # b: one past the 12 it generated
+    table.set_bounds(slots, np.array([99, 99]))
+    assert table.len_ub[slots].tolist() == [40, 40]
+    with pytest.raises(ValueError, match=r"min_len: must be in \[1, max_tokens=40\], got 41"):
+        NewRequest("c", slo, arrival=0.0, input_len=10, max_tokens=40, min_len=41)

@@ -352,3 +352,27 @@ def test_a_replica_reports_the_prompt_tokens_its_batch_has_yet_to_compute():
     speed = EngineSpeed(step_time=0.05, prefill_tokens_per_s=4000.0)
     load = replica_load(table, 0.0, speed, batch_size=8, cutoff=0.95, running=3, waiting=1)
     assert load.pending_prefill_tokens == 600 + 0 + 310
+
+
+def test_no_reply_shorter_than_the_request_allows_is_hoped_for():
+    """The fallbacks "on time with half its bound" and "on time with a one-token reply" assume the reply
+    can end early. A request whose body holds vLLM back (min_tokens; ignore_eos, its reply exactly
+    max_tokens) is judged by the shortest reply it allows: turned away at once, with the reason, where the
+    engine would only drop it later (docs/decisions/core.md, "A reply no shorter than the request allows")."""
+    half = replica("a", running=4)  # half full: busy
+    idle = replica("b")
+    # 40 bound tokens at 50 ms: a 1.2 s deadline fits ~23 tokens, 1.0 s ~19
+    assert place(tight(deadline=1.2), [half], now=0.0).replica == 0  # half its bound (20) is on time
+    exact = NewRequest("x", SLO.deadline_slo(1.2), arrival=0.0, input_len=200, max_tokens=40, min_len=40)
+    p = place(exact, [half, idle], now=0.0)
+    assert p.replica is None and p.rejection is Rejection.NO_TIME
+    assert p.reason == "no replica can meet the SLO, even with the shortest reply it allows (40 tokens)"
+    # a floor under half the bound leaves that fallback as it was
+    twenty = NewRequest("y", SLO.deadline_slo(1.2), arrival=0.0, input_len=200, max_tokens=40, min_len=20)
+    assert place(twenty, [half], now=0.0).replica == 0
+    # the one-token fallback (an idle replica takes a 1.0 s request only if its reply ends early) stops
+    # at the floor: 15 tokens fit, 25 do not
+    for floor, placed in ((15, True), (25, False)):
+        req = NewRequest("z", SLO.deadline_slo(1.0), arrival=0.0, input_len=200, max_tokens=40, min_len=floor)
+        assert (place(req, [idle], now=0.0).replica == 0) is placed
+    assert place(tight(deadline=1.0), [idle], now=0.0).replica == 0

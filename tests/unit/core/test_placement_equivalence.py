@@ -7,7 +7,8 @@ same replica, priorities (bit for bit), sampled set and reason on every input. (
 for short-reply requests, the waiting_time check below every bar, the ranking at the slowest
 reported step time and prefill rate, the start of reserved work, the half-bound step of the deployed
 short-reply rule, the prompts a replica still has to prefill and a late stage judged by its program's
-deadline were added to both later.)
+deadline were added to both later, and the shortest reply a request allows, below which no fallback
+goes.)
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def _reference_place(
                 input_len=request.input_len,
                 max_tokens=request.max_tokens,
                 len_ub=request.len_ub,
+                min_len=request.min_len,
                 true_len=request.true_len,
                 deadline_abs=request.deadline_abs,
                 program_deadline_abs=request.program_deadline_abs,
@@ -102,12 +104,13 @@ def _reference_place(
 
     ahead, feasible_any, an_priority, feasible_behind = judge()
     short_reply = shorter_than_bound = False
-    if not feasible_any.any() and table.len_ub[slots[0]] > 1:  # the deployed rule: half the bound first
-        table.len_ub[slots] //= 2
+    floor = min(request.min_len, int(bound[0]))  # no reply is shorter than the request allows
+    if not feasible_any.any() and max(int(bound[0]) // 2, floor) < bound[0]:  # deployed: half the bound first
+        table.len_ub[slots] = max(int(bound[0]) // 2, floor)
         ahead, feasible_any, an_priority, feasible_behind = judge()
         shorter_than_bound = bool(feasible_any.any())
-    if not feasible_any.any():
-        table.len_ub[slots] = 1
+    if not feasible_any.any() and floor < table.len_ub[slots[0]]:
+        table.len_ub[slots] = floor
         ahead, feasible_any, an_priority, feasible_behind = judge()
         short_reply = shorter_than_bound = True
     behind_share = False
@@ -128,7 +131,8 @@ def _reference_place(
     rank = analyze(table, now, slowest, params, slots, queue_delay=start).priority  # type: ignore[arg-type]
     priority = np.where(feasible_any, an_priority, 0.0)
     if not feasible_any.any():
-        return Placement(None, priority, sampled, "no replica can meet the SLO, even with a one-token reply")
+        reply = "a one-token reply" if floor <= 1 else f"the shortest reply it allows ({floor} tokens)"
+        return Placement(None, priority, sampled, f"no replica can meet the SLO, even with {reply}")
     feasible = feasible_any
     if short_reply:  # on time only with under half its bound: only on a replica under B/4
         idle = np.asarray([s.running + s.waiting < 0.25 * s.batch_size for s in states])
@@ -201,6 +205,8 @@ def _random_request(rng: np.random.Generator, i: int) -> NewRequest:
     staged = slo.type.value == "compound" and rng.random() < 0.5
     sub = arrival + float(rng.uniform(0.1, 20))
     program_end = sub + float(rng.uniform(0, 60)) if staged and rng.random() < 0.7 else None
+    # a third hold vLLM back from ending the reply early (min_tokens; ignore_eos: exactly max_tokens)
+    min_len = int(rng.choice([1, 1, rng.integers(1, max_tokens + 1), max_tokens]))
     return NewRequest(
         request_id=f"r{i}",
         slo=slo,
@@ -213,6 +219,7 @@ def _random_request(rng: np.random.Generator, i: int) -> NewRequest:
         program_goodput=float(rng.choice([0.0, rng.uniform(0, 500)])),
         tenant=int(rng.integers(0, 3)),
         program_deadline_abs=program_end,
+        min_len=min_len,
     )
 
 
@@ -288,7 +295,7 @@ def test_the_random_cases_reach_every_branch() -> None:
             request, replicas, now, k=k, cached_tokens=cached, rng=np.random.default_rng(seed), params=params
         )
         reasons.add(got.reason.split(" (")[0])  # the branch, without the request's numbers
-    assert len(reasons) == 8, reasons
+    assert len(reasons) == 9, reasons
 
 
 def test_repeated_calls_do_not_leak_state() -> None:

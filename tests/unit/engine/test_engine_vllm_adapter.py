@@ -87,7 +87,7 @@ def test_unsupported_versions_fail_clearly() -> None:
 def test_xargs_reach_the_table(jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = sched(tiny_model_dir, monkeypatch, "jitserve")
     s.add_request(make_request("a", {"slo_class": "tight", "waiting_time": 2.5, "tenant": "acme"}))
-    s.add_request(make_request("b", {"deadline": 42, "length_bound": 3}, max_tokens=9))
+    s.add_request(make_request("b", {"deadline": 42, "length_bound": 3}, max_tokens=9, ignore_eos=False))
     s.add_request(make_request("c", None))
     s.add_request(make_request("d", {"slo_class": "nope"}))
     # a compound stage as the router sends it: the program's remaining budget and this stage's D_s
@@ -106,6 +106,22 @@ def test_xargs_reach_the_table(jit_env: Path, tiny_model_dir: Path, monkeypatch:
     e = t.slot("e")
     assert t.deadline_abs[e] == pytest.approx(meta["e"].arrival + 15.0)  # paced by its sub-deadline
     assert t.waiting_deadline[e] == pytest.approx(meta["e"].arrival + 40.0)  # dropped at the program's
+
+
+def test_a_length_bound_is_never_below_the_shortest_reply_vllm_allows(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM ends a reply no sooner than its `min_tokens`, and with `ignore_eos` and no stop of its own only
+    at `max_tokens`: the table's bound (the router's, here 3) is raised to that, so GMAX never plans an
+    exact-length reply as shorter than it will be."""
+    s = sched(tiny_model_dir, monkeypatch, "jitserve")
+    bound = {"deadline": 42, "length_bound": 3}
+    s.add_request(make_request("free", bound, max_tokens=9, ignore_eos=False))
+    s.add_request(make_request("exact", bound, max_tokens=9, ignore_eos=True))
+    s.add_request(make_request("floor", bound, max_tokens=9, ignore_eos=False, min_tokens=6))
+    t = s.jit.table
+    assert [int(t.len_ub[t.slot(r)]) for r in ("free", "exact", "floor")] == [3, 9, 6]
+    assert [int(t.min_len[t.slot(r)]) for r in ("free", "exact", "floor")] == [1, 9, 6]
 
 
 def test_waiting_queue_follows_the_policy_order(

@@ -62,13 +62,16 @@ def make_request(
     prompt_len: int = 20,
     max_tokens: int = 4,
     age_s: float = 0.0,
+    ignore_eos: bool = True,
+    min_tokens: int = 0,
 ) -> Request:
-    """A request that arrived `age_s` seconds ago (vLLM stamps arrivals with time.time())."""
+    """A request that arrived `age_s` seconds ago (vLLM stamps arrivals with time.time()). `ignore_eos`
+    (the default) makes its reply exactly `max_tokens` long, whatever the faked tokens are."""
     global _hasher
     if _hasher is None:
         init_none_hash(hash)
         _hasher = get_request_block_hasher(BLOCK, hash)
-    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=xargs)
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, min_tokens=min_tokens, extra_args=xargs)
     return Request(
         request_id=request_id, prompt_token_ids=[3 + len(request_id) % 5] * prompt_len, sampling_params=sp,
         pooling_params=None, arrival_time=time.time() - age_s, block_hasher=_hasher,

@@ -65,6 +65,43 @@ def test_each_slo_time_is_bounded_and_the_400_names_it(fields: dict, param: str)
     assert via_headers.value.param == param
 
 
+@pytest.mark.parametrize(
+    ("extra", "param", "message"),
+    [
+        ({"min_tokens": -1}, "min_tokens", "min_tokens must be an integer in [0, "),
+        ({"min_tokens": 2.5}, "min_tokens", "min_tokens must be an integer in [0, "),
+        ({"min_tokens": True}, "min_tokens", "min_tokens must be an integer in [0, "),
+        (
+            {"min_tokens": 9, "max_tokens": 8},
+            "min_tokens",
+            "min_tokens must be at most max_tokens (8), got 9",
+        ),
+        ({"ignore_eos": "yes"}, "ignore_eos", "ignore_eos must be a boolean, got 'yes'"),
+    ],
+)
+def test_vllms_reply_length_fields_are_checked_before_placement(
+    extra: dict, param: str, message: str
+) -> None:
+    """`min_tokens` and `ignore_eos` (vLLM's extensions, forwarded to the engine) set the shortest reply
+    placement judges a request by: a malformed one is a 400 naming it, as vLLM's own would be."""
+    with pytest.raises(RouterError) as err:
+        parse_inbound("completion", {"model": "m", "prompt": "x", **extra}, {})
+    assert err.value.status == 400 and err.value.param == param and message in err.value.message
+
+
+def test_the_shortest_reply_comes_from_the_body_and_is_forwarded() -> None:
+    def shortest(**extra: object) -> int:
+        inbound = parse_inbound("completion", {"model": "m", "prompt": "x", **extra}, {})
+        assert all(inbound.body[k] == v for k, v in extra.items())  # vLLM still gets them
+        return inbound.reply_floor.shortest(inbound.max_tokens or 100)
+
+    assert shortest() == 1
+    assert shortest(max_tokens=30, min_tokens=12) == 12
+    assert shortest(max_tokens=30, ignore_eos=True) == 30
+    assert shortest(max_tokens=30, ignore_eos=True, stop=["\n\n"]) == 1  # its own stop may end it
+    assert shortest(max_tokens=30, ignore_eos=True, stop_token_ids=[7], min_tokens=4) == 4
+
+
 def test_slo_times_within_bounds_pass() -> None:
     check_slo_times({"deadline": MAX_SLO_SECONDS, "target_ttft": "0.5", "waiting_time": 1})
 
