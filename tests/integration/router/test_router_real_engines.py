@@ -76,12 +76,14 @@ def test_chat_and_completion_streaming_and_not_with_slo_fields(real) -> None:
     # API server falls behind the engine (a loaded machine), so the chunk count may be below 5
     assert [ch.usage.completion_tokens for ch in chunks if ch.usage] == [5]
     assert 1 <= len([ch for ch in chunks if ch.choices and ch.choices[0].text]) <= 5
-    # The SLOs arrived in the engines' schedulers (via vllm_xargs), as the router resolved them.
-    seen = {x["slo_class"]: x for e in engines for x in recent(e)}
-    assert seen["interactive"]["ttft_s"] == 1.0 and seen["interactive"]["tbt_s"] == 0.2
-    assert seen["tight"]["deadline_s"] == 4.0
-    assert seen["loose"]["waiting_time_s"] == 20.0
-    assert any(x["slo_class"] == "custom" and x["deadline_s"] == 30.0 for e in engines for x in recent(e))
+    # The SLOs arrived in the engines' schedulers (via vllm_xargs), as the router resolved them. The
+    # engines serve the whole session, so each ring also holds other tests' requests of these classes,
+    # and placement decides which engine holds these: look for each request, not for a class's last row.
+    seen = [x for e in engines for x in recent(e)]
+    assert any(x["slo_class"] == "interactive" and (x["ttft_s"], x["tbt_s"]) == (1.0, 0.2) for x in seen)
+    assert any(x["slo_class"] == "tight" and x["deadline_s"] == 4.0 for x in seen)
+    assert any(x["slo_class"] == "loose" and x["waiting_time_s"] == 20.0 for x in seen)
+    assert any(x["slo_class"] == "custom" and x["deadline_s"] == 30.0 for x in seen)
     status = httpx.get(r.url + "/jitserve/status").json()["classes"]
     assert {"interactive", "tight", "loose"} <= status.keys()
 
