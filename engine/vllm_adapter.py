@@ -71,10 +71,7 @@ def _shortest_reply(sp: Any, max_tokens: int) -> int:
     """The fewest tokens vLLM can end this request with, from its sampling parameters (None: one)."""
     if sp is None:
         return 1
-    stops = bool(getattr(sp, "stop", None) or getattr(sp, "stop_token_ids", None))
-    return shortest_reply(
-        max_tokens, int(getattr(sp, "min_tokens", 0) or 0), bool(getattr(sp, "ignore_eos", False)), stops
-    )
+    return shortest_reply(max_tokens, sp.min_tokens, sp.ignore_eos, bool(sp.stop or sp.stop_token_ids))
 
 
 class JITServeScheduler(AsyncScheduler):

@@ -296,8 +296,9 @@ def place(
         slots = np.full(blocks * n, table.add(request))
         bound = int(table.len_ub[slots[0]])
         # the shortest reply the request allows (`shortest_reply`): one token unless its body holds vLLM
-        # back from stopping sooner (min_tokens, ignore_eos); no fallback below goes under it
-        shortest = min(request.min_len, bound)
+        # back from stopping sooner (min_tokens, ignore_eos); no fallback below goes under it (the table
+        # holds the bound at or above it)
+        shortest = request.min_len
         both = analyze(table, now, speed, params, slots, queue_delay=delay_rows, computed=computed)
         ahead, an_feasible = judged(both)
         needs_short_reply = shorter_than_bound = False
