@@ -769,9 +769,11 @@ def _jit_preemptions(
     first); preempt while what the arrival saves beats what the victim and the batch lose.
 
     An arrival's stake is its margin over the time until a slot frees by itself (the j-th earliest
-    running finish, at most a frame). A victim loses its margin over a frame plus its restore stall;
-    every request left running loses its margin over that stall. `lost(pos, delay)` is the margin of
-    the slots at `pos` over `delay` (positions here index the analyzed slots).
+    running finish, at most a frame). A victim loses its margin over a frame plus its restore stall.
+    The stall costs the larger of what the requests left running lose over it (their margins) and the
+    tokens the batch would have made in it (§4.2: stall x token generation speed, each token worth the
+    victim's output weight). `lost(pos, delay)` is the margin of the slots at `pos` over `delay`
+    (positions here index the analyzed slots).
     """
     pairs = min(incoming.size, yielders.size, _MAX_PAIRS)
     if pairs == 0:
@@ -805,7 +807,14 @@ def _jit_preemptions(
     exposed_mask[yielders] = False  # a victim's own loss is victim_loss
     exposed = running_pos[exposed_mask[running_pos]]
     batch_loss = float(lost(exposed, longest).sum()) if exposed.size else 0.0
-    cost = victim_loss + batch_loss
+    # A re-prefill is engine time the whole batch waits out. A preemption is weighed only when the batch
+    # is full and a request waits for it, so the tokens the batch would have made in that time are lost
+    # to whoever waits, slack or not: §4.2's goodput_loss = stall x token generation speed (docs/
+    # decisions/core.md, "A re-prefill costs the tokens the batch would have made"). The margins above
+    # price the same seconds by the running requests' SLOs: the larger of the two counts, not the sum.
+    tokens_per_s = params.batch_size / float(np.max(speed.step_time))
+    made_in_stall = stall * tokens_per_s * table.w_out[slots[yielders]]
+    cost = victim_loss + np.maximum(batch_loss, made_in_stall)
     cheapest = np.lexsort((stall, cost))  # equal losses: the cheaper restore yields
     victims, cost = yielders[cheapest][:pairs], cost[cheapest][:pairs]
     worth = stake[:pairs] > cost

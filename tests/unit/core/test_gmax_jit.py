@@ -231,6 +231,30 @@ def test_a_recompute_engine_does_not_preempt_while_its_committed_bandwidth_excee
     assert plan_frame(table, 0.0, SPEED, replace(JIT, preemption="swap")).preempt.size >= 1
 
 
+def test_a_preemption_pays_for_the_tokens_the_batch_would_have_made_in_its_stall():
+    """A re-prefill stalls the whole batch; with the batch full and a request waiting, the tokens it
+    would have made in that time are lost to the queue even when every running request has slack
+    (§4.2: goodput_loss = stall x token generation speed; docs/decisions/core.md, "A re-prefill costs
+    the tokens the batch would have made"). Victims with 2,000-token prompts stall 1 s: 4 slots / 50 ms
+    x 1 s = 80 tokens. A 20-token chat does not earn that; a 200-token one does, and so does the short
+    chat where the victims' prompts are short (200 tokens: a 0.1 s stall, 8 tokens). Margins alone
+    (the loose work has minutes of slack) would preempt for all three."""
+
+    def plan(prompt: int, chat_tokens: int) -> np.ndarray:
+        table = RequestTable()
+        for i in range(4):
+            table.add(deadline_request(f"loose{i}", deadline=600.0, input_len=prompt, ub=300))
+            _running(table, f"loose{i}")
+        slo = SLO.latency(ttft=1.0, tbt=0.1, waiting_time=5.0)
+        chat = NewRequest("chat", slo, arrival=0.0, input_len=100, max_tokens=chat_tokens, len_ub=chat_tokens)
+        table.add(chat)
+        return plan_frame(table, 0.0, SPEED, JIT).preempt
+
+    assert plan(prompt=2000, chat_tokens=20).size == 0  # earns 20, costs 80
+    assert plan(prompt=2000, chat_tokens=200).size == 1  # earns 200
+    assert plan(prompt=200, chat_tokens=20).size == 1  # costs 8
+
+
 def test_a_stream_on_its_timeline_is_reserved_and_kept():
     table = RequestTable()
     table.add(_chat("on-time", arrival=0.0, ttft=1.0, tbt=0.06))  # 10 ms per token of margin only

@@ -144,7 +144,10 @@ def _reference(table, now, speed, params, tenant_fair=None):
             ~np.isin(running_pos, yielders) & ((margin[running_pos] > 0) | (longest > horizon))
         ]
         batch = _margin(table, now, speed, params, slots[exposed], value_now[exposed], longest).sum()
-        cost = own + float(batch)
+        # the stall also costs the tokens the batch would have made in it (stall x B / v, at the
+        # victim's output weight); the larger of that and the running requests' margins counts
+        made = stall * (B / speed.step_time) * table.w_out[slots[yielders]]
+        cost = own + np.maximum(float(batch), made)
         cheapest = np.lexsort((stall, cost))
         count = 0
         while count < pairs and stake[count] > cost[cheapest][count]:
