@@ -1459,7 +1459,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     )
     fig.tight_layout(rect=(0, 0, 1, 0.955))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")  # a one-load figure is narrower than its title
     plt.close(fig)
 
 
