@@ -363,6 +363,14 @@ def stall_seconds(table: RequestTable, slots: np.ndarray, speed: EngineSpeed, mo
     return swap if mode == "swap" else np.minimum(recompute, swap)
 
 
+def stall_tokens(
+    table: RequestTable, slots: np.ndarray, stall: np.ndarray, speed: EngineSpeed, params: GMAXParams
+) -> np.ndarray:
+    """§4.2's goodput_loss of restoring `slots` after `stall` seconds each: stall x token generation
+    speed (a batch of B at v_token each), every stalled token worth about the victim's output weight."""
+    return stall * (params.batch_size / speed.step_time) * table.w_out[slots]
+
+
 @dataclass(frozen=True, slots=True)
 class Reservation:
     """What a just-in-time plan reserved, as the replica report carries it to placement: a newcomer that
@@ -480,9 +488,8 @@ def _worthwhile_preemptions(
     gain = (rate[incoming] - rate[victims]) * frame_s
     # The whole batch stalls while a victim is restored; each stalled token is worth about the
     # victim's output weight. An infeasible victim earns nothing and may never resume: free to evict.
-    tokens_per_s = params.batch_size / speed.step_time
-    loss = stall_seconds(table, slots[victims], speed, params.preemption) * tokens_per_s
-    loss = np.where(an.feasible[victims], loss * table.w_out[slots[victims]], 0.0)
+    stall = stall_seconds(table, slots[victims], speed, params.preemption)
+    loss = np.where(an.feasible[victims], stall_tokens(table, slots[victims], stall, speed, params), 0.0)
     worth = gain > loss
     # victims are sorted by value: once a pair does not pay, later pairs gain less and cost no less
     count = pairs if worth.all() else int(np.argmin(worth))
@@ -812,9 +819,7 @@ def _jit_preemptions(
     # to whoever waits, slack or not: §4.2's goodput_loss = stall x token generation speed (docs/
     # decisions/core.md, "A re-prefill costs the tokens the batch would have made"). The margins above
     # price the same seconds by the running requests' SLOs: the larger of the two counts, not the sum.
-    tokens_per_s = params.batch_size / float(np.max(speed.step_time))
-    made_in_stall = stall * tokens_per_s * table.w_out[slots[yielders]]
-    cost = victim_loss + np.maximum(batch_loss, made_in_stall)
+    cost = victim_loss + np.maximum(batch_loss, stall_tokens(table, slots[yielders], stall, speed, params))
     cheapest = np.lexsort((stall, cost))  # equal losses: the cheaper restore yields
     victims, cost = yielders[cheapest][:pairs], cost[cheapest][:pairs]
     worth = stake[:pairs] > cost
