@@ -9,7 +9,8 @@ broken) with `--scheduler-cls jitserve.engine.vllm_adapter.JITServeScheduler`, t
 and the scheduler's settings in JITSERVE_* environment variables (vLLM's engine-core process inherits
 them). `--policy vllm` / `vllm-priority` start stock vLLM (no JITServe scheduler, FCFS / priority
 queue): the baselines of the benchmarks, through the same command. On a CPU build of vLLM it adds
-CPU-safe defaults (`--dtype float32 --enforce-eager` and a fixed KV cache size).
+CPU-safe defaults (`--dtype float32 --enforce-eager` and a fixed KV cache size) and, for the JITServe
+scheduler, 32-token KV blocks (CPU_JIT_BLOCK_SIZE).
 
 Imports stay light here: `jitserve --help` imports every subcommand module.
 """
@@ -28,6 +29,11 @@ from jitserve.engine.settings import STOCK_POLICIES, EngineSettings
 ADAPTER_CLS = "jitserve.engine.vllm_adapter.JITServeScheduler"
 MIDDLEWARE = "jitserve.engine.http.JITServeStateMiddleware"
 ACCEPTS_EXTRA_ARGS = True
+# KV block size for the JITServe scheduler on a CPU build, where vLLM's default is 128 tokens: a request
+# preempted by recompute keeps only its full blocks in the prefix cache, so at 128 a 60-140-token victim
+# re-prefills whole; at 32 it re-prefills its last block (docs/decisions/core.md, "A preempted request
+# keeps its full KV blocks"). GPU builds default to 16 already. Stock policies keep vLLM's own default.
+CPU_JIT_BLOCK_SIZE = 32
 SETTINGS = EngineSettings  # the options' one declaration (docgen reads it)
 
 
@@ -71,10 +77,12 @@ def build_command(
     if cpu:
         cpu_flags = {"--dtype": "float32", "--kv-cache-memory-bytes": str(args.kv_cache_bytes)}
         for flag, value in cpu_flags.items():
-            if not any(e == flag or e.startswith(flag + "=") for e in extra):
+            if not _given(flag, extra):
                 cmd += [flag, value]
         if "--enforce-eager" not in extra:
             cmd.append("--enforce-eager")
+        if args.policy not in STOCK_POLICIES and not _given("--block-size", extra):
+            cmd += ["--block-size", str(CPU_JIT_BLOCK_SIZE)]
     env: dict[str, str] = {}
     if args.policy in STOCK_POLICIES:
         cmd += ["--scheduling-policy", "priority" if args.policy == "vllm-priority" else "fcfs"]
@@ -85,6 +93,10 @@ def build_command(
         # the engine-core process reads these back with SchedulerSettings.from_env (engine/runner.py)
         env = args.scheduler_env(runtime_dir=runtime_dir, model_name=served, classes_file=classes_file)
     return cmd + extra, env
+
+
+def _given(flag: str, extra: list[str]) -> bool:
+    return any(e == flag or e.startswith(flag + "=") for e in extra)
 
 
 def run(args: argparse.Namespace | EngineSettings) -> int:

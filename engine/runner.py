@@ -133,7 +133,9 @@ class EngineLengthBounds:
 class FrameRunner:
     """The engine's scheduler state around one policy. `settings`: the scheduler's (JITSERVE_*);
     `batch_size`: vLLM's max_num_seqs; `model`: the served model's name unless the settings give one;
-    `clock`: wall time (seconds since the epoch, as vLLM stamps arrivals), injectable for tests."""
+    `clock`: wall time (seconds since the epoch, as vLLM stamps arrivals), injectable for tests;
+    `prefix_block_tokens`: the KV block vLLM's prefix cache keeps a preempted request in (0: caching off),
+    which prices a recompute preemption's stall."""
 
     def __init__(
         self,
@@ -143,6 +145,7 @@ class FrameRunner:
         *,
         policy: Policy | None = None,
         clock: Callable[[], float] = time.time,
+        prefix_block_tokens: int = 0,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
@@ -160,7 +163,8 @@ class FrameRunner:
             policy, self.table, clock, frame_steps=settings.frame_steps, close_with="frame_plan"
         )
         self.classes = ClassSource(settings.classes_file, settings.default_class)
-        self.meter = SpeedMeter()
+        # the KV block vLLM's prefix cache keeps a preempted request's tokens in (0: caching off)
+        self.meter = SpeedMeter(prefix_block_tokens=prefix_block_tokens)
         self.step_token_budget: int | None = None  # the last step's, when the policy held it below ceiling
         # looked up once: `token_budget` runs every engine step (None: the policy does not pace steps)
         self._pace = getattr(policy, "token_budget", None)

@@ -74,6 +74,14 @@ def _shortest_reply(sp: Any, max_tokens: int) -> int:
     return shortest_reply(max_tokens, sp.min_tokens, sp.ignore_eos, bool(sp.stop or sp.stop_token_ids))
 
 
+def kept_block(cache_config: Any) -> int:
+    """The block size in which vLLM's prefix cache keeps a preempted request's KV (0: caching off):
+    a recompute re-prefills only what is past its last full block."""
+    if not getattr(cache_config, "enable_prefix_caching", False):
+        return 0
+    return int(getattr(cache_config, "block_size", 0) or 0)
+
+
 class JITServeScheduler(AsyncScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         check_vllm_version(vllm.__version__)
@@ -86,7 +94,9 @@ class JITServeScheduler(AsyncScheduler):
             )
         model = str(getattr(self.vllm_config.model_config, "served_model_name", None) or "model")
         settings = SchedulerSettings.from_env(os.environ)  # set by `jitserve engine` (engine/settings.py)
-        self.jit = FrameRunner(settings, self.max_num_running_reqs, model)
+        self.jit = FrameRunner(
+            settings, self.max_num_running_reqs, model, prefix_block_tokens=kept_block(self.cache_config)
+        )
         runtime_dir = self.jit.runtime_dir
         self.jit_publisher = StatePublisher(runtime_dir) if runtime_dir else None
         self._jit_pending: dict[int, list[EngineCoreOutput]] = defaultdict(list)

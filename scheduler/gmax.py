@@ -40,6 +40,8 @@ class EngineSpeed:
     swap_bytes_per_s: float = 16e9  # host<->device KV copy rate (swap preemption)
     kv_bytes_per_token: float = 131072.0  # KV cache bytes per token (model dependent)
     decode_step_time: float | None = None  # a step with no prompt work (None: not measured, step_time)
+    # KV block size of a prefix cache that keeps a preempted request's full blocks (0: none kept)
+    prefix_block_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("step_time", "prefill_tokens_per_s", "swap_bytes_per_s", "kv_bytes_per_token"):
@@ -50,6 +52,8 @@ class EngineSpeed:
                 raise ValueError(f"{name}: must be > 0, got {value}")
         if self.decode_step_time is not None and not self.decode_step_time > 0:
             raise ValueError(f"decode_step_time: must be > 0, got {self.decode_step_time}")
+        if self.prefix_block_tokens < 0:
+            raise ValueError(f"prefix_block_tokens: must be >= 0, got {self.prefix_block_tokens}")
 
     def decode_step_s(self) -> float:
         """Seconds of a step without prompt work: the measured one, never above v_token (a stale
@@ -354,13 +358,22 @@ def select_group(priority: np.ndarray, input_len: np.ndarray, batch_size: int, c
 
 
 def stall_seconds(table: RequestTable, slots: np.ndarray, speed: EngineSpeed, mode: str) -> np.ndarray:
-    """Stall a preemption of `slots` costs: recompute = re-prefill its sequence; swap = KV out and in."""
+    """Stall a preemption of `slots` costs: recompute = re-prefill what the prefix cache did not keep of
+    its sequence; swap = KV out and in."""
     seq = (table.input_len[slots] + table.generated[slots]).astype(np.float64)
-    recompute = seq / speed.prefill_tokens_per_s
+    recompute = (seq - kept_prefix(seq, speed.prefix_block_tokens)) / speed.prefill_tokens_per_s
     if mode not in ("swap", "auto"):
         return recompute
     swap = 2.0 * seq * speed.kv_bytes_per_token / speed.swap_bytes_per_s
     return swap if mode == "swap" else np.minimum(recompute, swap)
+
+
+def kept_prefix(seq: np.ndarray, block: int) -> np.ndarray:
+    """Tokens of a preempted sequence the prefix cache serves back: its full blocks, short of the last
+    token, which is always recomputed (vLLM's prefix-cache lookup stops one token short)."""
+    if block <= 0:
+        return np.zeros_like(seq)
+    return np.floor(np.maximum(seq - 1, 0) / block) * block
 
 
 def stall_tokens(

@@ -27,6 +27,7 @@ class SpeedMeter:
     prefill_tokens_per_s: float = 4000.0
     alpha: float = 0.1  # weight of a new sample
     min_prefill_tokens: int = 64  # smaller prefills do not sample the rate
+    prefix_block_tokens: int = 0  # the engine's prefix-cache block (0: a preempted request keeps nothing)
     step_samples: int = 0
     decode_samples: int = 0
     prefill_samples: int = 0
@@ -70,4 +71,5 @@ class SpeedMeter:
             step_time=self.step_time,
             prefill_tokens_per_s=self.prefill_tokens_per_s,
             decode_step_time=self.decode_step_time if self.decode_samples else None,
+            prefix_block_tokens=self.prefix_block_tokens,
         )

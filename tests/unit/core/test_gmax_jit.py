@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 from conftest import deadline_request
 
-from jitserve.scheduler.gmax import EngineSpeed, GMAXParams, analyze, expired, margin_goodput, plan_frame
+from jitserve.scheduler.gmax import (
+    EngineSpeed,
+    GMAXParams,
+    analyze,
+    expired,
+    margin_goodput,
+    plan_frame,
+    stall_seconds,
+)
 from jitserve.scheduler.policy import POLICY_NAMES, make_policy
 from jitserve.scheduler.requests import NewRequest, RequestTable
 from jitserve.scheduler.slo import SLO
@@ -240,7 +248,7 @@ def test_a_preemption_pays_for_the_tokens_the_batch_would_have_made_in_its_stall
     chat where the victims' prompts are short (200 tokens: a 0.1 s stall, 8 tokens). Margins alone
     (the loose work has minutes of slack) would preempt for all three."""
 
-    def plan(prompt: int, chat_tokens: int) -> np.ndarray:
+    def plan(prompt: int, chat_tokens: int, speed: EngineSpeed = SPEED) -> np.ndarray:
         table = RequestTable()
         for i in range(4):
             table.add(deadline_request(f"loose{i}", deadline=600.0, input_len=prompt, ub=300))
@@ -248,11 +256,30 @@ def test_a_preemption_pays_for_the_tokens_the_batch_would_have_made_in_its_stall
         slo = SLO.latency(ttft=1.0, tbt=0.1, waiting_time=5.0)
         chat = NewRequest("chat", slo, arrival=0.0, input_len=100, max_tokens=chat_tokens, len_ub=chat_tokens)
         table.add(chat)
-        return plan_frame(table, 0.0, SPEED, JIT).preempt
+        return plan_frame(table, 0.0, speed, JIT).preempt
 
     assert plan(prompt=2000, chat_tokens=20).size == 0  # earns 20, costs 80
     assert plan(prompt=2000, chat_tokens=200).size == 1  # earns 200
     assert plan(prompt=200, chat_tokens=20).size == 1  # costs 8
+    # a prefix cache that keeps the victims' full 32-token blocks leaves 17 tokens to re-prefill
+    assert plan(prompt=2000, chat_tokens=20, speed=replace(SPEED, prefix_block_tokens=32)).size == 1
+
+
+def test_a_recompute_stalls_for_what_the_prefix_cache_did_not_keep():
+    """vLLM's prefix cache serves back a preempted request's full blocks, short of its last token
+    (which is always recomputed); a swap moves the whole sequence either way."""
+    table = RequestTable()
+    for rid, prompt, generated in (("a", 100, 0), ("b", 95, 1), ("c", 96, 1), ("d", 10, 5)):
+        table.add(deadline_request(rid, deadline=600.0, input_len=prompt, ub=300))
+        _running(table, rid, generated=generated)
+    slots = np.array([table.slot(r) for r in "abcd"])
+    unit = EngineSpeed(prefill_tokens_per_s=1.0, swap_bytes_per_s=1.0, kv_bytes_per_token=0.5)
+    assert stall_seconds(table, slots, unit, "recompute").tolist() == [100, 96, 97, 15]
+    cached = replace(unit, prefix_block_tokens=32)
+    assert stall_seconds(table, slots, cached, "recompute").tolist() == [4, 32, 1, 15]
+    assert stall_seconds(table, slots, cached, "swap").tolist() == [100, 96, 97, 15]
+    with pytest.raises(ValueError, match="prefix_block_tokens"):
+        replace(unit, prefix_block_tokens=-1)
 
 
 def test_a_stream_on_its_timeline_is_reserved_and_kept():

@@ -17,7 +17,7 @@ import pytest
 
 from jitserve.engine.accounting import GoodputWindow
 from jitserve.engine.classes import ClassSource
-from jitserve.engine.cli import ADAPTER_CLS, MIDDLEWARE, add_arguments, build_command
+from jitserve.engine.cli import ADAPTER_CLS, CPU_JIT_BLOCK_SIZE, MIDDLEWARE, add_arguments, build_command
 from jitserve.engine.http import JITServeStateMiddleware
 from jitserve.engine.runner import FrameRunner
 from jitserve.engine.settings import SchedulerSettings
@@ -255,6 +255,16 @@ def test_engine_command_line() -> None:
     )
     assert "--scheduler-cls" not in stock and "--scheduling-policy" in stock and stock_env == {}
     assert stock[stock.index("--scheduling-policy") + 1] == "priority" and "--dtype" not in stock
+    # CPU builds: the JITServe scheduler gets 32-token KV blocks unless the user chose a size; stock
+    # policies and GPU builds keep vLLM's default
+    assert cmd[cmd.index("--block-size") + 1] == str(CPU_JIT_BLOCK_SIZE) == "32"
+    own, _ = build_command(args, ["--block-size", "64"])
+    assert own.count("--block-size") == 1 and own[own.index("--block-size") + 1] == "64"
+    own, _ = build_command(args, ["--block-size=16"])
+    assert "--block-size" not in own and "--block-size=16" in own
+    for policy, device in (("vllm", "cpu"), ("vllm-priority", "cpu"), ("jitserve", "gpu")):
+        other, _ = build_command(cli_args("--model", "/m", "--policy", policy, "--device", device), [])
+        assert "--block-size" not in other, (policy, device)
     with pytest.raises(ValueError, match="frame-steps"):
         build_command(cli_args("--model", "/m", "--frame-steps", "0"), [])
 

@@ -26,13 +26,13 @@ pytest.importorskip("vllm")
 import vllm  # noqa: E402
 from vllm.v1.engine import FinishReason  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
-from vllm_harness import make_request, make_scheduler, run_until_idle, scheduled_ids, step  # noqa: E402
+from vllm_harness import BLOCK, make_request, make_scheduler, run_until_idle, scheduled_ids, step  # noqa: E402
 
 from jitserve.engine.state import EngineState  # noqa: E402
 from jitserve.engine.version import UnsupportedVLLMVersionError, check_vllm_version  # noqa: E402
 from jitserve.engine.vllm_adapter import JITServeScheduler, drop_message  # noqa: E402
 from jitserve.scheduler.budget import MIN_PROMPT_TOKENS  # noqa: E402
-from jitserve.scheduler.gmax import EngineSpeed, FramePlan  # noqa: E402
+from jitserve.scheduler.gmax import EngineSpeed, FramePlan, stall_seconds  # noqa: E402
 from jitserve.scheduler.requests import RequestTable  # noqa: E402
 from jitserve.scheduler.slo import SLO  # noqa: E402
 
@@ -269,6 +269,39 @@ def test_preempts_exactly_the_plans_victims_and_only_at_frames(
     outputs = run_until_idle(s)
     finished = [o.request_id for o in outputs if o.finish_reason is not None]
     assert finished == ["a-urgent", "z-long"]  # the victim resumed (recompute) and completed
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_a_victim_re_prefills_what_the_stall_prices(
+    jit_env: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, prefix_caching: bool
+) -> None:
+    """The stall GMAX prices a recompute at (`stall_seconds`) is the prompt work vLLM's real scheduler
+    and KV cache manager give the victim when it resumes: all of its tokens with the prefix cache off,
+    only those past its last full block (short of the last token) with it on."""
+    s = sched(tiny_model_dir, monkeypatch, "jitserve", max_num_seqs=1, prefix_caching=prefix_caching)
+    assert s.jit.meter.prefix_block_tokens == (BLOCK if prefix_caching else 0)
+    policy = ScriptedPolicy(preempt=set())
+    s.jit.driver.policy, s.jit.driver.frame_steps = policy, policy.frame_steps
+    s.add_request(make_request("z-long", {"slo_class": "loose"}, prompt_len=3 * BLOCK - 2, max_tokens=100))
+    step(s)
+    policy.preempt_ids = {"z-long"}
+    s.add_request(make_request("a-urgent", {"slo_class": "tight"}, max_tokens=3))
+    while s.requests["z-long"].status != RequestStatus.PREEMPTED:
+        step(s)
+    victim = s.requests["z-long"]
+    table = s.jit.table
+    slot = np.array([table.slot("z-long")])
+    speed = EngineSpeed(prefill_tokens_per_s=1.0, prefix_block_tokens=s.jit.meter.prefix_block_tokens)
+    priced = int(round(float(stall_seconds(table, slot, speed, "recompute")[0])))
+    seq = victim.num_tokens
+    assert int(table.input_len[slot[0]] + table.generated[slot[0]]) == seq
+    policy.preempt_ids = set()
+    while True:
+        out, _ = step(s)
+        if "z-long" in out.num_scheduled_tokens:
+            break
+    assert out.num_scheduled_tokens["z-long"] == priced
+    assert (priced < seq) if prefix_caching else (priced == seq)
 
 
 def test_gmax_never_preempts_when_nothing_outranks(

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
@@ -25,7 +26,12 @@ SAMPLED_TOKEN = 7  # any id but EOS (1 in the tiny tokenizer); requests also set
 
 
 def make_scheduler(
-    cls: type, model_dir: Path, max_num_seqs: int = 2, num_blocks: int = 256, queue_policy: str = "fcfs"
+    cls: type,
+    model_dir: Path,
+    max_num_seqs: int = 2,
+    num_blocks: int = 256,
+    queue_policy: str = "fcfs",
+    prefix_caching: bool = False,
 ) -> Any:
     sched_cfg = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=512, max_model_len=512,
@@ -34,7 +40,7 @@ def make_scheduler(
     model_cfg = ModelConfig(
         model=str(model_dir), dtype="float32", skip_tokenizer_init=True, max_model_len=512
     )
-    cache_cfg = CacheConfig(block_size=BLOCK, enable_prefix_caching=False)
+    cache_cfg = CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching)
     vcfg = VllmConfig(scheduler_config=sched_cfg, model_config=model_cfg, cache_config=cache_cfg)
     kv_cfg = KVCacheConfig(
         num_blocks=num_blocks,
@@ -69,8 +75,9 @@ def make_request(
     (the default) makes its reply exactly `max_tokens` long, whatever the faked tokens are."""
     global _hasher
     if _hasher is None:
-        init_none_hash(hash)
-        _hasher = get_request_block_hasher(BLOCK, hash)
+        # vLLM's own block hash: the prefix cache keys blocks by bytes (tests that turn caching on)
+        init_none_hash(sha256)
+        _hasher = get_request_block_hasher(BLOCK, sha256)
     sp = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, min_tokens=min_tokens, extra_args=xargs)
     return Request(
         request_id=request_id, prompt_token_ids=[3 + len(request_id) % 5] * prompt_len, sampling_params=sp,
