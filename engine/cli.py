@@ -76,13 +76,13 @@ def build_command(
     cpu = args.device == "cpu" or (args.device == "auto" and is_cpu_build())
     if cpu:
         cpu_flags = {"--dtype": "float32", "--kv-cache-memory-bytes": str(args.kv_cache_bytes)}
+        if args.policy not in STOCK_POLICIES:
+            cpu_flags["--block-size"] = str(CPU_JIT_BLOCK_SIZE)
         for flag, value in cpu_flags.items():
-            if not _given(flag, extra):
+            if not any(e == flag or e.startswith(flag + "=") for e in extra):
                 cmd += [flag, value]
         if "--enforce-eager" not in extra:
             cmd.append("--enforce-eager")
-        if args.policy not in STOCK_POLICIES and not _given("--block-size", extra):
-            cmd += ["--block-size", str(CPU_JIT_BLOCK_SIZE)]
     env: dict[str, str] = {}
     if args.policy in STOCK_POLICIES:
         cmd += ["--scheduling-policy", "priority" if args.policy == "vllm-priority" else "fcfs"]
@@ -93,10 +93,6 @@ def build_command(
         # the engine-core process reads these back with SchedulerSettings.from_env (engine/runner.py)
         env = args.scheduler_env(runtime_dir=runtime_dir, model_name=served, classes_file=classes_file)
     return cmd + extra, env
-
-
-def _given(flag: str, extra: list[str]) -> bool:
-    return any(e == flag or e.startswith(flag + "=") for e in extra)
 
 
 def run(args: argparse.Namespace | EngineSettings) -> int:

@@ -77,9 +77,7 @@ def _shortest_reply(sp: Any, max_tokens: int) -> int:
 def kept_block(cache_config: Any) -> int:
     """The block size in which vLLM's prefix cache keeps a preempted request's KV (0: caching off):
     a recompute re-prefills only what is past its last full block."""
-    if not getattr(cache_config, "enable_prefix_caching", False):
-        return 0
-    return int(getattr(cache_config, "block_size", 0) or 0)
+    return int(cache_config.block_size) if cache_config.enable_prefix_caching else 0
 
 
 class JITServeScheduler(AsyncScheduler):
