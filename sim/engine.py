@@ -6,8 +6,12 @@ What it models (docs/decisions/sim.md has the why of each choice):
   vLLM v0's prefill-first steps of whole prompts that pause every decode (`chunked_prefill=False`);
 - KV-cache blocks: a request is admitted only if its whole prompt fits; when decode growth
   exhausts the blocks the engine preempts (recompute) the running request last in the policy's order;
-- policy preemption by recompute (KV dropped, re-prefill of prompt + generated tokens) or swap (KV
-  copied out and back over the host link; the engine stalls for each copy);
+- policy preemption by recompute (KV blocks freed, re-prefill of prompt + generated tokens) or swap (KV
+  copied out and back over the host link; the engine stalls for each copy). With prefix caching on (vLLM
+  V1's default) a recompute victim's full blocks stay in the cache, as vLLM frees them with their hashes,
+  and only the rest is re-prefilled when it is admitted again (`kept_prefix`, what GMAX prices); a KV
+  preemption keeps nothing: the cache is full, so the freed blocks are the next ones reused, and every
+  other waiting victim's kept blocks are evicted with them;
 - the roofline step time of `profiles.BatchTimeModel`, including the input-length heterogeneity
   penalty.
 
@@ -48,7 +52,7 @@ import numpy as np
 from jitserve.scheduler.budget import prompt_chunk_cap, prompt_order
 from jitserve.scheduler.fairness import counted_outcome
 from jitserve.scheduler.frames import LIGHT, FrameDriver
-from jitserve.scheduler.gmax import EngineSpeed, FramePlan
+from jitserve.scheduler.gmax import EngineSpeed, FramePlan, kept_prefix
 from jitserve.scheduler.goodput import latency_met, latency_on_time_tokens
 from jitserve.scheduler.policy import Policy
 from jitserve.scheduler.requests import LATENCY, NewRequest, RequestTable
@@ -75,6 +79,7 @@ class EngineConfig:
     kv_capacity: int  # tokens (whole blocks)
     block_size: int = 16
     preemption: str = "recompute"  # how policy-requested preemptions are done: recompute|swap|auto
+    prefix_caching: bool = True  # vLLM V1's default: a recompute victim's full KV blocks are kept
     watermark: float = 0.01  # share of KV blocks kept free at admission (vLLM's watermark)
     macro_cap: int = 64  # most identical steps simulated at once (context growth averaging)
     refresh_tokens: int = 50  # length-bound refresh granularity (JITServe §4.1)
@@ -127,6 +132,7 @@ class EngineStats:
     prefill_tokens: int = 0
     preemptions: int = 0
     kv_preemptions: int = 0
+    prefix_hit_tokens: int = 0  # re-prefill a recompute victim was spared by its kept blocks
     drops: int = 0
     aborts: int = 0  # cancelled by the router's or client's timeout (CallInfo.first_token_by/abort_at)
     plans: int = 0
@@ -156,6 +162,9 @@ class Engine:
     _info: dict[int, CallInfo] = field(default_factory=dict)
     _target: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # prefill target
     _swapped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
+    # tokens a waiting recompute victim finds in the prefix cache when admitted again (vLLM sets
+    # num_computed_tokens from the cache hit at that moment, not before)
+    _kept: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _refreshed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # generated at refresh
     _first_token: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     _true: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # true output length
@@ -182,6 +191,7 @@ class Engine:
     def __post_init__(self) -> None:
         self._sync_capacity()
         self._prefill_rate = self.timing.prefill_tokens_per_s(min(self.config.token_budget, 2048))
+        self._kept_block = self.config.block_size if self.config.prefix_caching else 0
         # The engine's own meter, primed as a calibrated engine starts; then fed every simulated step
         # as the vLLM adapter feeds it every real one (v_token over every step that decodes).
         prior = self.timing.decode_step_time(max(self.config.batch_size // 4, 1), 1024.0)
@@ -247,6 +257,7 @@ class Engine:
                 decode_step_time=decode,
                 swap_bytes_per_s=self.profile.swap_bytes_per_s,
                 kv_bytes_per_token=self.profile.model.kv_bytes_per_token,
+                prefix_block_tokens=self._kept_block,
             )
             self._speed = cached
         return cached
@@ -259,6 +270,7 @@ class Engine:
         self._info[slot] = info
         self._target[slot] = req.input_len
         self._swapped[slot] = False
+        self._kept[slot] = 0
         self._refreshed[slot] = 0
         self._first_token[slot] = np.nan
         self._true[slot] = info.true_len
@@ -392,6 +404,10 @@ class Engine:
                 self._stall(self._swap_seconds(slot))
                 self._swapped[slot] = False
                 self._seg_open[slot] = self._nsteps  # decoding resumes with the next step
+            elif self._kept[slot]:  # the prefix cache serves the victim's kept blocks back
+                self.table.computed[slot] = self._kept[slot]
+                self.stats.prefix_hit_tokens += int(self._kept[slot])
+                self._kept[slot] = 0
         if admitted:
             self._running = np.concatenate([self._running, np.asarray(admitted, dtype=np.int64)])
             self._kv_cache = -1
@@ -441,7 +457,8 @@ class Engine:
         growth = int(dec.size + chunks.sum())
         if self.kv_used + growth > cfg.kv_capacity and self._running.size > 1:
             victim = self._kv_victim()
-            self._preempt(victim, "recompute")
+            self._preempt(victim, "recompute", keep=False)
+            self._kept[:] = 0  # the cache is full: the freed blocks, cached ones first, are reused now
             self.stats.kv_preemptions += 1
             self._kv_preempted = True  # nothing is admitted until a step has run
             self.driver.mark_dirty()
@@ -606,10 +623,13 @@ class Engine:
         self.clock += seconds
         self.stats.stall_s += seconds
 
-    def _preempt(self, slot: int, mode: str) -> None:
+    def _preempt(self, slot: int, mode: str, keep: bool = True) -> None:
+        """`keep`: whether a recompute victim's full blocks stay in the prefix cache (not when the cache
+        ran out of blocks)."""
+        seq = int(self.table.input_len[slot] + self.table.generated[slot])
+        kept = int(kept_prefix(np.asarray(seq), self._kept_block)) if keep else 0
         if mode == "auto":
-            seq = float(self.table.input_len[slot] + self.table.generated[slot])
-            recompute_s = seq / self._prefill_rate
+            recompute_s = (seq - kept) / self._prefill_rate
             mode = "swap" if 2 * self._swap_seconds(slot) < recompute_s else "recompute"
         computed = int(self.table.computed[slot])
         self._kv_cache = -1
@@ -624,7 +644,8 @@ class Engine:
             self.table.computed[slot] = computed
         else:
             self.table.computed[slot] = 0
-            self._target[slot] = int(self.table.input_len[slot] + self.table.generated[slot])
+            self._kept[slot] = kept
+            self._target[slot] = seq
 
     def _finish(self, slot: int, dropped: bool) -> Finished:
         info = self._info.pop(slot)
@@ -683,6 +704,7 @@ class Engine:
         grow = cap - self._target.size
         self._target = np.concatenate([self._target, np.zeros(grow, np.int64)])
         self._swapped = np.concatenate([self._swapped, np.zeros(grow, np.bool_)])
+        self._kept = np.concatenate([self._kept, np.zeros(grow, np.int64)])
         self._refreshed = np.concatenate([self._refreshed, np.zeros(grow, np.int64)])
         self._first_token = np.concatenate([self._first_token, np.full(grow, np.nan)])
         self._true = np.concatenate([self._true, np.zeros(grow, np.int64)])

@@ -106,7 +106,12 @@ def _vllm_fcfs(ctx: SimContext) -> PolicySetup:
     # "vLLM with chunked prefills"), so prompts run in prefill-first steps that pause decodes.
     return PolicySetup(
         FCFSPolicy(batch_size=ctx.batch_size),
-        engine={"chunked_prefill": False, "token_budget": max(ctx.profile.max_model_len, 2048)},
+        # v0 had no prefix caching by default (it preempts only for KV blocks, which keeps nothing anyway)
+        engine={
+            "chunked_prefill": False,
+            "token_budget": max(ctx.profile.max_model_len, 2048),
+            "prefix_caching": False,
+        },
         label="vLLM (FCFS)",
     )
 

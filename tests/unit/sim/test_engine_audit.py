@@ -323,3 +323,56 @@ def test_a_request_admitted_but_never_scheduled_is_dropped_at_its_deadline(
     done = _run(e)
     assert done["short"].dropped and 5.0 < done["short"].finish < 6.0
     assert not done["long"].dropped
+
+
+# --------------------------------------------------------------------- what a recompute victim keeps
+@pytest.mark.parametrize("prefix_caching", [True, False], ids=["prefix-cache", "no-cache"])
+def test_a_recompute_victim_re_prefills_what_its_plan_priced(
+    flat_timing: BatchTimeModel, prefix_caching: bool
+) -> None:
+    """vLLM V1 frees a recompute victim's blocks into the prefix cache with their hashes and serves its
+    full blocks back when it is admitted again (tests/unit/engine: the real scheduler does exactly this).
+    The simulated engine re-prefills only the rest, the `stall_seconds` GMAX prices from the engine's own
+    speed report; with prefix caching off it re-prefills the whole sequence, and the report says so."""
+    from jitserve.scheduler.gmax import stall_seconds
+
+    e = _engine(
+        flat_timing,
+        _FramedEDF(preempts_midframe=True),
+        batch_size=1,
+        token_budget=64,
+        macro_cap=1,
+        preemption="recompute",
+        prefix_caching=prefix_caching,
+    )
+    assert e.speed().prefix_block_tokens == (16 if prefix_caching else 0)
+    _deadline(e, "loose", input_len=40, output_len=300, deadline=100.0)
+    while e.clock < 0.2:  # a 40-token prefill, then decodes
+        e.step()
+    slot = e.table.slot("loose")
+    seq = int(e.table.input_len[slot] + e.table.generated[slot])
+    assert seq % 16 != 1  # a sequence with a partial block, so kept and whole differ
+    priced = float(stall_seconds(e.table, np.asarray([slot]), e.speed(), "recompute")[0])
+    _deadline(e, "urgent", input_len=10, output_len=3, deadline=e.clock + 1.0, now=e.clock)
+    done = _run(e)
+    assert e.stats.preemptions == 1 and not done["loose"].dropped
+    re_prefilled = e.stats.prefill_tokens - 40 - 10
+    kept = (seq - 1) // 16 * 16 if prefix_caching else 0
+    assert re_prefilled == seq - kept
+    assert e.stats.prefix_hit_tokens == kept
+    assert priced == pytest.approx(re_prefilled / e.speed().prefill_tokens_per_s, rel=1e-9)
+
+
+def test_a_kv_preemption_keeps_nothing_and_evicts_what_earlier_victims_kept(
+    flat_timing: BatchTimeModel,
+) -> None:
+    """When decode growth runs out of blocks, the victim's freed blocks are the next ones reused (cached
+    ones go first from vLLM's free queue), so it keeps nothing, and neither do victims waiting before it:
+    every prefill token the run computed beyond the prompts is a whole re-prefill."""
+    e = _engine(flat_timing, EDFPolicy(batch_size=64), kv_capacity=1024)
+    for i in range(30):
+        _deadline(e, f"r{i}", input_len=40, output_len=120, deadline=100.0)
+    done = _run(e)
+    assert len(done) == 30 and all(not r.dropped for r in done.values())
+    assert e.stats.kv_preemptions == e.stats.preemptions > 0
+    assert e.stats.prefix_hit_tokens == 0
