@@ -373,35 +373,33 @@ def _by_rule(reps: list[Any]) -> str:
     return ", ".join(f"{k} {round(v, 1):g}" for k, v in means.items() if v) or "-"
 
 
-def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) -> int:
-    """What each of JITServe's mechanisms costs or earns on a workload: the deployed JITServe, then one
-    mechanism switched off (or changed) per variant, on the same arrivals; the best baseline for scale.
-    Token goodput and per-class attainment, means over seeds."""
+def mechanism_variants() -> dict[str, Any]:
+    """`--mechanisms`' variants: policy factories, each JITServe with one mechanism switched off or
+    changed. The simulator calls a factory once per replica of every run, so a factory must build the
+    same variant every time (one used to pop its settings on the first call: only the first replica of
+    the first run was the variant)."""
     import dataclasses
-    import statistics
 
     from jitserve.scheduler.policy import GMAXPolicy
-    from jitserve.sim import policies, suite
-    from jitserve.sim.runner import RunConfig, compare, make_bounds
-    from jitserve.sim.workload import load_workload
+    from jitserve.sim import policies
 
     class NoMidframe(GMAXPolicy):
         @property
         def preempts_midframe(self) -> bool:  # type: ignore[override]
             return False
 
-    def jit(**over: Any):  # type: ignore[no-untyped-def]
+    def jit(params: dict[str, Any] | None = None, no_midframe: bool = False, **setup_fields: Any):  # type: ignore[no-untyped-def]
         def build(ctx):  # type: ignore[no-untyped-def]
             setup = policies._jitserve(ctx, False)
-            params = setup.policy.params  # type: ignore[attr-defined]
-            if "params" in over:
-                params = dataclasses.replace(params, **over.pop("params"))
-            policy = (NoMidframe if over.pop("no_midframe", False) else GMAXPolicy)(params=params)
-            return dataclasses.replace(setup, policy=policy, **over)
+            gmax = setup.policy.params  # type: ignore[attr-defined]
+            if params:
+                gmax = dataclasses.replace(gmax, **params)
+            policy = (NoMidframe if no_midframe else GMAXPolicy)(params=gmax)
+            return dataclasses.replace(setup, policy=policy, **setup_fields)
 
         return build
 
-    variants: dict[str, Any] = {
+    return {
         "m:no-preemption": jit(params={"preemption": "never"}),
         "m:no-midframe-preemption": jit(no_midframe=True),
         "m:no-queue rule": jit(short_reply=ShortReplyRule.NO_QUEUE),
@@ -414,6 +412,20 @@ def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) ->
         "m:B=max_num_seqs": lambda ctx: jit(params={"batch_size": ctx.batch_size})(ctx),
         "m:least-load placement (no admission)": jit(placement="least-load", router_admission=False),
     }
+
+
+def mechanisms(name: str, loads: list[float], seeds: list[int], scale: float) -> int:
+    """What each of JITServe's mechanisms costs or earns on a workload: the deployed JITServe, then one
+    mechanism switched off (or changed) per variant, on the same arrivals; the best baseline for scale.
+    Token goodput and per-class attainment, means over seeds."""
+    import dataclasses
+    import statistics
+
+    from jitserve.sim import policies, suite
+    from jitserve.sim.runner import RunConfig, compare, make_bounds
+    from jitserve.sim.workload import load_workload
+
+    variants = mechanism_variants()
     policies.FACTORIES.update(variants)
     spec = load_workload(name)
     w = {x.name: x for x in suite.SUITE}.get(name)

@@ -83,3 +83,21 @@ def test_suite_variants_refuse_a_stored_run_with_uneven_windows(
     code = bench_sim.main([*argv, "--workloads", "paper-mix,bursty"])
     assert code == 2
     assert "scales its workloads' windows unevenly: [1.0, 4.0]" in capsys.readouterr().err
+
+
+def test_every_replica_of_every_run_gets_the_mechanism_variant() -> None:
+    """The simulator builds a policy once per replica of every run. A variant that took its settings
+    away on its first build made only the first replica of the first seed the variant, and the table
+    then printed the deployed JITServe's numbers under "no-preemption"."""
+    from jitserve.scheduler.placement import ShortReplyRule
+    from jitserve.sim.policies import SimContext
+    from jitserve.sim.profiles import BatchTimeModel, load_profile
+
+    profile = load_profile("llama-3.1-8b-a100")
+    ctx = SimContext(profile, BatchTimeModel.from_profile(profile), tightest_tbt=0.1)
+    variants = bench_sim.mechanism_variants()
+    for _ in range(3):
+        assert variants["m:no-preemption"](ctx).policy.params.preemption == "never"
+        assert not variants["m:no-midframe-preemption"](ctx).policy.preempts_midframe
+        assert variants["m:bound admission"](ctx).short_reply is ShortReplyRule.BOUND
+        assert variants["m:B=max_num_seqs"](ctx).policy.params.batch_size == ctx.batch_size
