@@ -405,7 +405,7 @@ def mechanism_variants() -> dict[str, Any]:
         "m:no-queue rule": jit(short_reply=ShortReplyRule.NO_QUEUE),
         "m:one-token admission": jit(short_reply=ShortReplyRule.ONE_TOKEN),
         "m:bound admission": jit(short_reply=ShortReplyRule.BOUND),
-        "m:later stages exempt": jit(short_reply=ShortReplyRule.LATER_STAGES),
+        "m:stages with a program stake exempt (later-stages)": jit(short_reply=ShortReplyRule.LATER_STAGES),
         "m:occupancy rule (busy replicas take no short-reply request)": jit(
             short_reply=ShortReplyRule.OCCUPANCY
         ),

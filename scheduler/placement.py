@@ -46,7 +46,10 @@ class ShortReplyRule(StrEnum):
     ONE_TOKEN = "one-token"  # anywhere a one-token reply would be on time
     BOUND = "bound"  # nowhere: admission by the length bound alone
     # measured and not kept (docs/decisions/core.md, "The busy-replica rule, refined"):
-    LATER_STAGES = "later-stages"  # OCCUPANCY, but a stage carrying program goodput goes anywhere
+    # OCCUPANCY, but a call carrying program goodput goes anywhere: named when that was the earlier calls'
+    # alone; since a stake counts the later stages' expected too (`stage_stake`), every stage of a
+    # multi-stage program carries some, its first included
+    LATER_STAGES = "later-stages"
 
 
 class Rejection(StrEnum):
