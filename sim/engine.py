@@ -457,8 +457,10 @@ class Engine:
         growth = int(dec.size + chunks.sum())
         if self.kv_used + growth > cfg.kv_capacity and self._running.size > 1:
             victim = self._kv_victim()
-            self._preempt(victim, "recompute", keep=False)
-            self._kept[:] = 0  # the cache is full: the freed blocks, cached ones first, are reused now
+            self._preempt(victim, "recompute")
+            # the cache is full: the victim's freed blocks and every earlier victim's kept ones (cached
+            # blocks go first from vLLM's free queue) are the next ones reused, so nothing stays kept
+            self._kept[:] = 0
             self.stats.kv_preemptions += 1
             self._kv_preempted = True  # nothing is admitted until a step has run
             self.driver.mark_dirty()
@@ -623,11 +625,9 @@ class Engine:
         self.clock += seconds
         self.stats.stall_s += seconds
 
-    def _preempt(self, slot: int, mode: str, keep: bool = True) -> None:
-        """`keep`: whether a recompute victim's full blocks stay in the prefix cache (not when the cache
-        ran out of blocks)."""
+    def _preempt(self, slot: int, mode: str) -> None:
         seq = int(self.table.input_len[slot] + self.table.generated[slot])
-        kept = int(kept_prefix(np.asarray(seq), self._kept_block)) if keep else 0
+        kept = int(kept_prefix(np.asarray(seq), self._kept_block))  # its full blocks, if a cache keeps them
         if mode == "auto":
             recompute_s = (seq - kept) / self._prefill_rate
             mode = "swap" if 2 * self._swap_seconds(slot) < recompute_s else "recompute"

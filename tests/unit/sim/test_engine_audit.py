@@ -363,16 +363,49 @@ def test_a_recompute_victim_re_prefills_what_its_plan_priced(
     assert priced == pytest.approx(re_prefilled / e.speed().prefill_tokens_per_s, rel=1e-9)
 
 
+@dataclass
+class _FramedEDFBatch(_FramedEDF):
+    """_FramedEDF over `batch_size` slots."""
+
+    def plan(self, table: RequestTable, now: float, speed: EngineSpeed) -> FramePlan:
+        slots = table.active_slots()
+        order = slots[np.argsort(table.deadline_abs[slots], kind="stable")]
+        batch = order[: self.batch_size]
+        preempt = slots[table.running[slots] & ~np.isin(slots, batch)]
+        return FramePlan(order, batch, preempt, slots[:0])
+
+
+@pytest.mark.parametrize("kv_capacity", [10_000, 160], ids=["blocks-to-spare", "kv-runs-out"])
 def test_a_kv_preemption_keeps_nothing_and_evicts_what_earlier_victims_kept(
-    flat_timing: BatchTimeModel,
+    flat_timing: BatchTimeModel, kv_capacity: int
 ) -> None:
-    """When decode growth runs out of blocks, the victim's freed blocks are the next ones reused (cached
-    ones go first from vLLM's free queue), so it keeps nothing, and neither do victims waiting before it:
-    every prefill token the run computed beyond the prompts is a whole re-prefill."""
-    e = _engine(flat_timing, EDFPolicy(batch_size=64), kv_capacity=1024)
-    for i in range(30):
-        _deadline(e, f"r{i}", input_len=40, output_len=120, deadline=100.0)
+    """`loose` is preempted by policy for `urgent` and waits with its full blocks kept. If the two running
+    requests then outgrow the KV cache, the KV preemption's victim keeps nothing (the cache is full: its
+    freed blocks, cached ones first from vLLM's free queue, are the next ones reused) and `loose`'s kept
+    blocks go with them, so `loose` re-prefills whole; with blocks to spare it re-prefills only its tail."""
+    e = _engine(
+        flat_timing,
+        _FramedEDFBatch(preempts_midframe=True, batch_size=2),
+        batch_size=2,
+        token_budget=64,
+        macro_cap=1,
+        preemption="recompute",
+        kv_capacity=kv_capacity,
+    )
+    _deadline(e, "loose", input_len=40, output_len=60, deadline=100.0)
+    _deadline(e, "other", input_len=40, output_len=60, deadline=90.0)
+    while e.clock < 0.2:
+        e.step()
+    slot = e.table.slot("loose")
+    seq = int(e.table.input_len[slot] + e.table.generated[slot])
+    _deadline(e, "urgent", input_len=10, output_len=60, deadline=e.clock + 5.0, now=e.clock)
     done = _run(e)
-    assert len(done) == 30 and all(not r.dropped for r in done.values())
-    assert e.stats.kv_preemptions == e.stats.preemptions > 0
-    assert e.stats.prefix_hit_tokens == 0
+    assert sorted(done) == ["loose", "other", "urgent"] and not any(r.dropped for r in done.values())
+    policy_preemptions = e.stats.preemptions - e.stats.kv_preemptions
+    assert policy_preemptions == 1
+    if kv_capacity == 160:
+        assert e.stats.kv_preemptions > 0
+        assert e.stats.prefix_hit_tokens == 0
+    else:
+        assert e.stats.kv_preemptions == 0
+        assert e.stats.prefix_hit_tokens == (seq - 1) // 16 * 16 > 0
