@@ -76,8 +76,9 @@ def build_command(
     cpu = args.device == "cpu" or (args.device == "auto" and is_cpu_build())
     if cpu:
         cpu_flags = {"--dtype": "float32", "--kv-cache-memory-bytes": str(args.kv_cache_bytes)}
-        if args.policy not in STOCK_POLICIES:
-            cpu_flags["--block-size"] = str(CPU_JIT_BLOCK_SIZE)
+        block = cpu_block_size(args.policy)
+        if block is not None:
+            cpu_flags["--block-size"] = str(block)
         for flag, value in cpu_flags.items():
             if not any(e == flag or e.startswith(flag + "=") for e in extra):
                 cmd += [flag, value]
@@ -93,6 +94,12 @@ def build_command(
         # the engine-core process reads these back with SchedulerSettings.from_env (engine/runner.py)
         env = args.scheduler_env(runtime_dir=runtime_dir, model_name=served, classes_file=classes_file)
     return cmd + extra, env
+
+
+def cpu_block_size(policy: str) -> int | None:
+    """The KV block size `jitserve engine` gives vLLM on a CPU build for `policy` (None: vLLM's own
+    default, which stock policies keep)."""
+    return None if policy in STOCK_POLICIES else CPU_JIT_BLOCK_SIZE
 
 
 def run(args: argparse.Namespace | EngineSettings) -> int:

@@ -59,13 +59,12 @@ CPU_STOCK_BLOCK_SIZE = 128
 
 
 def cpu_block_size(policy: str) -> int:
-    """The KV block size the real engine of `policy` runs with on a CPU build: the JITServe scheduler's
-    (`jitserve engine` adds it) or vLLM's own default. The simulated engine keeps a recompute victim's
-    full blocks, so the replay must keep as many as the real engine did."""
-    from jitserve.engine.cli import CPU_JIT_BLOCK_SIZE
-    from jitserve.engine.settings import STOCK_POLICIES
+    """The KV block size the real engine of `policy` runs with on a CPU build: the one `jitserve engine`
+    gives it, else vLLM's own default. The simulated engine keeps a recompute victim's full blocks, so
+    the replay must keep as many as the real engine did."""
+    from jitserve.engine.cli import cpu_block_size as engine_block_size
 
-    return CPU_STOCK_BLOCK_SIZE if policy in STOCK_POLICIES else CPU_JIT_BLOCK_SIZE
+    return engine_block_size(policy) or CPU_STOCK_BLOCK_SIZE
 
 
 FIRST_TOKEN_GRACE_S = 5.0  # the router's --first-token-grace default
